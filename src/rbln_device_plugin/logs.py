@@ -203,12 +203,16 @@ class _BridgeHandler(logging.Handler):
         fields: dict[str, Any] = {"component": self._component, "logger": record.name}
         if record.exc_info and record.exc_info[1] is not None:
             fields["err"] = str(record.exc_info[1]) or type(record.exc_info[1]).__name__
-        if self._cap_at_warn:
+        if self._cap_at_warn and level >= logging.WARNING:
+            # The OpenTelemetry SDK's complaints are one kind of event for an operator;
+            # its own wording goes under err, and repeats are folded.
             suppressed = self._fold_repeat(message)
             if suppressed is None:
                 return
             if suppressed:
                 fields["suppressedRepeats"] = suppressed
+            fields.setdefault("err", message)
+            message = "OpenTelemetry SDK error"
         log = get_logger()
         if level >= logging.ERROR:
             log.error(message, **fields)

@@ -1,0 +1,175 @@
+"""Allocate: validate, final status check, then per container an RSD group and specs.
+
+Nothing touches the host before every requested ID matched the plugin's inventory, and
+no RSD group is created before the final status check passed for every distinct device.
+Errors after side effects began are reported as they are: there is no rollback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import grpc
+from opentelemetry import trace
+
+from rbln_device_plugin import cdi
+from rbln_device_plugin.api.v1beta1 import api_pb2
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.devicetable import DeviceTable
+from rbln_device_plugin.health import Health, StatusReading
+from rbln_device_plugin.host import devnodes, rsd, smi
+from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.logs import get_logger
+
+CONTAINER_RSD_PATH: Final = "/dev/rsd0"
+PERMISSIONS: Final = "rw"
+_SHOWN_IDS: Final = 8
+_SHOWN_ID_CHARS: Final = 64
+
+log = get_logger()
+
+
+class AllocationError(Exception):
+    """Fails the whole Allocate call with INVALID_ARGUMENT and this message."""
+
+    def __init__(self, message: str, *, logged: bool = False) -> None:
+        super().__init__(message)
+        self.logged = logged  # the per-container failure record was already written
+
+
+def _show(ids: Sequence[str]) -> str:
+    shown = [i if len(i) <= _SHOWN_ID_CHARS else i[:_SHOWN_ID_CHARS] + "..." for i in ids]
+    text = ", ".join(repr(i) for i in shown[:_SHOWN_IDS])
+    return text + (f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else "")
+
+
+class Allocator:
+    def __init__(
+        self,
+        resource: str,
+        table: DeviceTable,
+        config: Config,
+        tracer: trace.Tracer,
+        read_status: Callable[[Device], StatusReading],
+    ) -> None:
+        self._resource = resource
+        self._table = table
+        self._config = config
+        self._tracer = tracer
+        self._read_status = read_status
+
+    async def allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        started = time.monotonic()
+        requested = [list(c.devices_ids) for c in request.container_requests]
+        try:
+            with self._tracer.start_as_current_span(
+                "Allocate", attributes={"rbln.resource_name": self._resource}
+            ):
+                snapshot = self._validate(requested)
+                response = api_pb2.AllocateResponse()
+                for ids in requested:
+                    response.container_responses.append(await self._container(ids, snapshot))
+                return response
+        except AllocationError as exc:
+            if not exc.logged:
+                log.error(
+                    "Container allocation failed",
+                    resourceName=self._resource,
+                    deviceIDs=[i[:_SHOWN_ID_CHARS] for c in requested for i in c][:_SHOWN_IDS],
+                    err=exc,
+                    durationMs=_ms(started),
+                )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # unreachable: abort raises
+
+    def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
+        """Reject bad requests before any host access; return the checked device snapshot."""
+        if not requested:
+            raise AllocationError(f"{self._resource}: the request names no containers")
+        entries = self._table.entries
+        for index, ids in enumerate(requested):
+            if not ids:
+                raise AllocationError(f"{self._resource}: container {index} requests no devices")
+            unknown = [i for i in dict.fromkeys(ids) if i not in entries]
+            if unknown:
+                raise AllocationError(
+                    f"{self._resource}: unknown device IDs {_show(unknown)} "
+                    f"(not managed by this plugin now)"
+                )
+            repeated = [i for i in dict.fromkeys(ids) if ids.count(i) > 1]
+            if repeated:
+                raise AllocationError(
+                    f"{self._resource}: container {index} lists {_show(repeated)} more than once"
+                )
+        distinct = list(dict.fromkeys(i for ids in requested for i in ids))
+        verdicts = self._table.final_check(distinct, self._read_status)
+        unhealthy = [
+            f"{device_id} is {verdict.describe()}"
+            for device_id, verdict in verdicts.items()
+            if verdict.health is Health.UNHEALTHY
+        ]
+        if unhealthy:
+            raise AllocationError(
+                f"{self._resource}: unhealthy devices requested: {'; '.join(unhealthy)}"
+            )
+        return {device_id: entries[device_id].device for device_id in distinct}
+
+    async def _container(
+        self, ids: Sequence[str], snapshot: Mapping[str, Device]
+    ) -> api_pb2.ContainerAllocateResponse:
+        started = time.monotonic()
+        devices = [snapshot[i] for i in ids]
+        bus_ids = sorted(d.bus_id for d in devices)
+        fields: dict[str, Any] = {
+            "resourceName": self._resource,
+            "deviceIDs": list(ids),
+            "busIDs": bus_ids,
+        }
+        with self._tracer.start_as_current_span(
+            "allocateContainer",
+            attributes={
+                "rbln.resource_name": self._resource,
+                "rbln.device.ids": list(ids),
+                "rbln.device.count": len(ids),
+                "rbln.device.bus_ids": bus_ids,
+            },
+        ) as span:
+            log.info("Starting container allocation", **fields)
+            try:
+                dev_root = self._config.dev_root
+                node_paths = [dev_root / d.name for d in devices]
+                await devnodes.wait_for_nodes(node_paths)
+                binary = smi.locate_rbln_smi(self._config.rbln_smi)
+                group = await rsd.recreate_rsd_group(
+                    binary, bus_ids, lock_path=self._config.rsd_lock_path, dev_root=dev_root
+                )
+                span.set_attribute("rbln.rsd.host_path", str(group.host_path))
+            except Exception as exc:
+                log.error(
+                    "Container allocation failed", err=exc, durationMs=_ms(started), **fields
+                )
+                # Raised inside the span: the span and its parent record it as an error.
+                raise AllocationError(
+                    f"{self._resource}: {', '.join(ids)}: {exc}", logged=True
+                ) from exc
+        response = api_pb2.ContainerAllocateResponse(annotations=cdi.annotations())
+        response.devices.add(
+            container_path=CONTAINER_RSD_PATH, host_path=str(group.host_path), permissions=PERMISSIONS
+        )
+        for device, path in zip(devices, node_paths, strict=True):
+            response.devices.add(
+                container_path=f"/dev/{device.name}", host_path=str(path), permissions=PERMISSIONS
+            )
+        log.info(
+            "Completed container allocation",
+            hostRsdPath=str(group.host_path), durationMs=_ms(started), **fields,
+        )  # fmt: skip
+        return response
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)

@@ -1,0 +1,109 @@
+"""Command line: logger first, then flags and environment -> Config, then the daemon.
+
+stdout carries only the structured log stream; --help, --version and usage text go to
+stderr so that every stdout line stays machine-parseable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from rbln_device_plugin import __version__, config, logs
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+class _StderrParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+    def print_help(self, file: Any = None) -> None:
+        super().print_help(sys.stderr)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Never breaks a path or flag name at its hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class _VersionAction(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        sys.stderr.write(f"rbln-device-plugin {__version__}\n")
+        parser.exit(EXIT_OK)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _StderrParser(
+        prog="rbln-device-plugin",
+        description="Kubernetes device plugin for Rebellions NPUs.",
+        epilog=(
+            "A flag beats its environment variable, which beats the default. Logging is "
+            f"set only through {logs.LEVEL_ENV} (error, warn, info, debug) and "
+            f"{logs.FORMAT_ENV} (json, text)."
+        ),
+        allow_abbrev=False,
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
+    for option in config.OPTIONS:
+        default = option.default or "(empty)"
+        parser.add_argument(
+            option.flag,
+            dest=option.field,
+            metavar=option.metavar,
+            default=None,
+            help=f"{option.help} [env {option.env}; default {default}]",
+        )
+    return parser
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
+    """Flags + environment -> Config. Raises UsageError for anything unusable."""
+    namespace = build_parser().parse_args(list(argv))
+    try:
+        return config.resolve(vars(namespace), environ)
+    except config.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # The gRPC C core logs straight to fd 2 and reads this once, at import.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    logs.install(os.environ)
+    log = logs.get_logger()
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = parse(args, os.environ)
+    except UsageError as exc:
+        build_parser().print_usage(sys.stderr)
+        sys.stderr.write(f"rbln-device-plugin: error: {exc}\n")
+        log.error("Invalid command line", err=str(exc))
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help / --version
+        return int(exc.code or 0)
+
+    log.info("Starting rbln-device-plugin", version=__version__, config=cfg.describe())
+    try:
+        from rbln_device_plugin import daemon  # imports grpc: after GRPC_VERBOSITY is set
+
+        return daemon.run(cfg)
+    except Exception as exc:
+        log.error("Unexpected internal error; exiting", err=exc, exc_info=True)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

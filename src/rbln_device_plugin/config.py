@@ -1,0 +1,233 @@
+"""The resolved configuration: one frozen object, validated apart from the daemon.
+
+Every option is a flag with an environment variable and a default; a flag beats its
+variable, which beats the default. Nothing outside this module and ``logs`` reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Final
+
+# Environment variables read elsewhere, listed so the deployment can be checked against them.
+LOG_LEVEL_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
+LOG_FORMAT_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_FORMAT"
+# Set by the RBLN NPU operator for older plugins; resource names are fixed here.
+IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used. The message names the flag and its variable."""
+
+
+_DURATION_UNITS: Final[Mapping[str, float]] = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,  # noqa: RUF001 - Go accepts both micro signs
+    "μs": 1e-6,  # noqa: RUF001
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_TERM: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")  # noqa: RUF001
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration ("5s", "200ms", "1m30s", "1.5h") into seconds.
+
+    The sign is kept so the caller can reject negative values with its own message.
+    """
+    raw = text.strip()
+    body = raw[1:] if raw[:1] in ("+", "-") else raw
+    sign = -1.0 if raw.startswith("-") else 1.0
+    if body == "0":
+        return 0.0
+    if not body:
+        raise ValueError(f"invalid duration {text!r}")
+    total = 0.0
+    position = 0
+    while position < len(body):
+        match = _DURATION_TERM.match(body, position)
+        if match is None:
+            raise ValueError(
+                f"invalid duration {text!r} (expected a number with a unit: ns, us, ms, s, m, h)"
+            )
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        position = match.end()
+    return sign * total
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds the way Go prints short durations ("5s", "250ms", "1m30s")."""
+    if seconds < 1 and seconds * 1000 == int(seconds * 1000):
+        return f"{int(seconds * 1000)}ms"
+    minutes, rest = divmod(seconds, 60.0)
+    hours, minutes = divmod(int(minutes), 60)
+    out = f"{hours}h" if hours else ""
+    out += f"{minutes}m" if minutes or hours else ""
+    return out + (f"{rest:g}s" if rest or not out else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: its flag, environment variable, default text and help."""
+
+    field: str
+    flag: str
+    env: str
+    default: str
+    help: str
+    metavar: str
+
+
+OPTIONS: Final[tuple[Option, ...]] = (
+    Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
+           "directory of CDI spec files; stale transient specs are removed from it", "DIR"),
+    Option("kubelet_dir", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
+           "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR"),
+    Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515",
+           "TCP port of the gRPC health service; negative disables it, 0 picks a free port",
+           "PORT"),
+    Option("scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL", "5s",
+           "interval between device inventory scans (Go duration: 5s, 500ms, 1m30s)", "DURATION"),
+    Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
+           "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
+           "empty disables tracing", "ENDPOINT"),
+    Option("node_name", "--node-name", "NODE_NAME", "",
+           "Kubernetes node name, recorded on traces as k8s.node.name", "NAME"),
+    Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
+           "sysfs mount point (device status, PCI hierarchy, SR-IOV files)", "DIR"),
+    Option("dev_root", "--dev-root", "DEV_ROOT", "/dev",
+           "directory of NPU and RSD device nodes on the host", "DIR"),
+    Option("rbln_smi", "--rbln-smi", "RBLN_SMI_PATH", "",
+           "rbln-smi executable; empty searches /usr/bin, /run/rbln/driver/usr/bin, "
+           "/host/usr/bin, /host/driver/usr/bin, then PATH", "PATH"),
+    Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
+           "lock file serialising RSD group changes between processes", "PATH"),
+)  # fmt: skip
+
+ENVIRONMENT_VARIABLES: Final[frozenset[str]] = frozenset(
+    {option.env for option in OPTIONS} | {LOG_LEVEL_ENV, LOG_FORMAT_ENV, IGNORED_ENV}
+)
+
+_UNIX_SOCKET_PATH_MAX: Final = 107
+_LONGEST_SOCKET_NAME: Final = "rbln-device-plugin-rebellions-ai-npu-vf4.sock"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    cdi_root: Path
+    kubelet_dir: Path
+    healthcheck_port: int
+    scan_interval: float
+    otlp_endpoint: str
+    node_name: str
+    sysfs_root: Path
+    dev_root: Path
+    rbln_smi: Path | None
+    rsd_lock_path: Path
+
+    @property
+    def healthcheck_enabled(self) -> bool:
+        return self.healthcheck_port >= 0
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved configuration as log fields."""
+        out: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "scan_interval":
+                value = format_duration(value)
+            elif isinstance(value, Path):
+                value = str(value)
+            elif value is None:
+                value = "(search)"
+            out[_camel(item.name)] = value
+        return out
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _label(option: Option) -> str:
+    return f"{option.flag} / {option.env}"
+
+
+def _path(option: Option, raw: str) -> Path:
+    if not raw.strip():
+        raise ConfigError(f"{_label(option)}: a path is required")
+    if "\x00" in raw:
+        raise ConfigError(f"{_label(option)}: path contains a NUL byte")
+    return Path(raw)
+
+
+def _port(option: Option, raw: str) -> int:
+    try:
+        port = int(raw.strip(), 10)
+    except ValueError:
+        raise ConfigError(f"{_label(option)}: {raw!r} is not an integer port") from None
+    if port > 65535:
+        raise ConfigError(f"{_label(option)}: port {port} is out of range (0-65535, <0 disables)")
+    return port
+
+
+def _interval(option: Option, raw: str) -> float:
+    try:
+        seconds = parse_duration(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{_label(option)}: {exc}") from None
+    if seconds <= 0:
+        raise ConfigError(f"{_label(option)}: interval must be positive, got {raw!r}")
+    if seconds > 24 * 3600:
+        raise ConfigError(f"{_label(option)}: interval {raw!r} is longer than 24h")
+    return seconds
+
+
+def _text(option: Option, raw: str) -> str:
+    return raw.strip()
+
+
+def _optional_path(option: Option, raw: str) -> Path | None:
+    return _path(option, raw) if raw.strip() else None
+
+
+_CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
+    "cdi_root": _path,
+    "kubelet_dir": _path,
+    "healthcheck_port": _port,
+    "scan_interval": _interval,
+    "otlp_endpoint": _text,
+    "node_name": _text,
+    "sysfs_root": _path,
+    "dev_root": _path,
+    "rbln_smi": _optional_path,
+    "rsd_lock_path": _path,
+}
+
+
+def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
+    """Build the Config from parsed flag values (None = not given) and the environment."""
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw = flags.get(option.field)
+        if raw is None:
+            raw = environ.get(option.env)
+        if raw is None:
+            raw = option.default
+        values[option.field] = _CONVERTERS[option.field](option, raw)
+    config = Config(**values)
+    socket_path = config.kubelet_dir / _LONGEST_SOCKET_NAME
+    if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
+        option = next(o for o in OPTIONS if o.field == "kubelet_dir")
+        raise ConfigError(
+            f"{_label(option)}: {config.kubelet_dir} is too long for unix sockets "
+            f"(socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
+        )
+    return config

@@ -1,0 +1,283 @@
+"""One kubelet DevicePlugin server per resource name.
+
+The plugin serves on its own unix socket before it registers (the kubelet dials back
+inside Register), publishes the device list through ListAndWatch only when something
+the kubelet sees changed, and owns its device table and health history for exactly its
+own lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+from opentelemetry import trace
+
+from rbln_device_plugin import preferred
+from rbln_device_plugin.allocate import Allocator
+from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.devicetable import Change, DeviceTable, Entry, KubeletDevice
+from rbln_device_plugin.health import StatusReading
+from rbln_device_plugin.host import sysfs
+from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.logs import get_logger
+
+API_VERSION: Final = "v1beta1"
+REGISTER_TIMEOUT_S: Final = 10.0
+STOP_GRACE_S: Final = 0.5
+
+log = get_logger()
+
+
+def socket_name(resource: str) -> str:
+    slug = resource.lower()
+    for char in "/._":
+        slug = slug.replace(char, "-")
+    return f"rbln-device-plugin-{slug}.sock"
+
+
+class RegistrationError(RuntimeError):
+    pass
+
+
+class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        resource: str,
+        config: Config,
+        tracer: trace.Tracer,
+        on_stream_lost: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.resource = resource
+        self.socket_path = config.kubelet_dir / socket_name(resource)
+        self.kubelet_socket = config.kubelet_dir / "kubelet.sock"
+        self._config = config
+        self.table = DeviceTable()
+        self._allocator = Allocator(resource, self.table, config, tracer, self._read_status)
+        self._on_stream_lost = on_stream_lost
+        self._server: grpc.aio.Server | None = None
+        self._socket_inode: int | None = None
+        self._published: tuple[KubeletDevice, ...] = ()
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._stopping = False
+        self.registered = False
+        self.announced = False
+        self.stream_lost = False
+        self.open_streams = 0
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Serve on the plugin socket (replacing a stale one)."""
+        directory = self.socket_path.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
+        if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
+            raise RuntimeError(f"cannot listen on {self.socket_path}")
+        await server.start()
+        self._server = server
+        self._socket_inode = _inode(self.socket_path)
+
+    def socket_intact(self) -> bool:
+        """False when something deleted or replaced our socket file."""
+        return self._socket_inode is not None and _inode(self.socket_path) == self._socket_inode
+
+    async def register(self) -> None:
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.socket_path.name,
+            resource_name=self.resource,
+            options=self._options(),
+        )
+        try:
+            async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
+                stub = api_pb2_grpc.RegistrationStub(channel)
+                await stub.Register(request, timeout=REGISTER_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            self.registered = False
+            raise RegistrationError(
+                f"kubelet at {self.kubelet_socket} refused or did not answer: "
+                f"{exc.code().name}: {exc.details()}"
+            ) from None
+        self.registered = True
+        self.stream_lost = False
+
+    async def stop(self) -> None:
+        self._stopping = True
+        async with self._changed:
+            self._changed.notify_all()
+        if self._server is not None:
+            await self._server.stop(STOP_GRACE_S)
+            self._server = None
+        if self.socket_intact():
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self._socket_inode = None
+
+    # ----------------------------------------------------------------- inventory
+    def _read_status(self, device: Device) -> StatusReading:
+        return sysfs.read_status(self._config.sysfs_root, device.name)
+
+    async def update(self, devices: Sequence[Device]) -> list[Change]:
+        """Apply one scan's devices; log what changed; wake ListAndWatch if needed."""
+        changes = self.table.apply_scan(devices, self._read_status)
+        if self.announced:
+            self._log_changes(changes)
+        view = self.table.kubelet_view()
+        if view != self._published:
+            self._published = view
+            self._version += 1
+            async with self._changed:
+                self._changed.notify_all()
+        return changes
+
+    def _log_changes(self, changes: Sequence[Change]) -> None:
+        counts = self.table.counts().fields()
+        for change in changes:
+            entry = change.entry
+            fields: dict[str, Any] = {
+                "resourceName": self.resource,
+                "device": entry.device.name,
+                "health": entry.verdict.health.value,
+                "status": entry.verdict.describe(),
+                **counts,
+            }
+            if change.kind == "appeared":
+                emit = log.info if entry.healthy else log.warning
+                emit("Device appeared in inventory", pciBusID=entry.device.bus_id, **fields)
+            elif change.kind == "disappeared":
+                log.warning("Device disappeared from inventory", **fields)
+            elif change.previous is not None:
+                emit = log.info if entry.healthy else log.warning
+                emit(
+                    "Device state changed",
+                    previousHealth=change.previous.health.value,
+                    previousStatus=change.previous.describe(),
+                    **fields,
+                )
+
+    def announce(self) -> None:
+        """The narrative of a (re)registration: the plugin, then each device it exposes."""
+        counts = self.table.counts()
+        log.info(
+            "Registered device plugin with kubelet",
+            resourceName=self.resource, socketPath=str(self.socket_path), **counts.fields(),
+        )  # fmt: skip
+        for entry in sorted(self.table.entries.values(), key=lambda e: _natural(e.device.name)):
+            _log_exposed(self.resource, entry)
+        self.announced = True
+
+    # ----------------------------------------------------------------- servicer
+    def _options(self) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.DevicePluginOptions:
+        return self._options()
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        sent = -1
+        self.open_streams += 1
+        try:
+            while not self._stopping:
+                async with self._changed:
+                    await self._changed.wait_for(
+                        lambda: self._version != sent or self._stopping
+                    )
+                if self._stopping:
+                    return
+                sent = self._version
+                view = self._published
+                yield _list_response(view)
+                log.debug(
+                    "Sent updated device list to kubelet",
+                    resourceName=self.resource, deviceCount=len(view),
+                )  # fmt: skip
+        finally:
+            self.open_streams -= 1
+            if not self._stopping and self.open_streams == 0:
+                # The kubelet never reopens a stream on its own: ask for re-registration.
+                self.stream_lost = True
+                self.registered = False
+                log.warning(
+                    "ListAndWatch stream ended; registering again", resourceName=self.resource
+                )
+                self._on_stream_lost()
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> api_pb2.PreferredAllocationResponse:
+        response = api_pb2.PreferredAllocationResponse()
+        for container in request.container_requests:
+            ids = preferred.choose(self.resource, self.table, container)
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        return await self._allocator.allocate(request, context)
+
+    async def PreStartContainer(
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+
+def _list_response(view: Sequence[KubeletDevice]) -> api_pb2.ListAndWatchResponse:
+    response = api_pb2.ListAndWatchResponse()
+    for device_id, health, numa in view:
+        device = response.devices.add(ID=device_id, health=health)
+        if numa is not None:
+            device.topology.nodes.add(ID=numa)
+    return response
+
+
+def _log_exposed(resource: str, entry: Entry) -> None:
+    device = entry.device
+    emit = log.info if entry.healthy else log.warning
+    emit(
+        "Device exposed",
+        resourceName=resource,
+        device=device.name,
+        product=device.product,
+        pciDeviceID=device.pci_device_id,
+        pciBusID=device.bus_id,
+        numa=device.numa if device.numa is not None else "unknown",
+        health=entry.verdict.health.value,
+        status=entry.verdict.describe(),
+    )
+
+
+def _natural(name: str) -> tuple[int | str, ...]:
+    """rbln2 before rbln10, for readable logs only (the kubelet order is plain sorting)."""
+    parts: list[int | str] = []
+    for chunk in name.replace("-", " ").split():
+        digits = chunk.lstrip("rbln")
+        parts.append(int(digits) if digits.isdigit() else chunk)
+    return tuple(parts)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None

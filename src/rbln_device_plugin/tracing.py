@@ -1,0 +1,158 @@
+"""OpenTelemetry tracing of allocations; strictly best effort.
+
+With no endpoint the tracer is a no-op: no exporter, no provider, no threads. A broken
+endpoint or exporter logs one warning and the daemon runs on without tracing. An
+unreachable collector only produces (rate-limited) warn records: spans are queued by a
+batch processor thread and never delay an allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+
+from rbln_device_plugin import __version__
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.logs import get_logger
+
+TRACER_NAME: Final = "rbln-device-plugin"
+SERVICE_NAME: Final = "rbln-device-plugin"
+SHUTDOWN_TIMEOUT_S: Final = 5.0
+EXPORT_TIMEOUT_S: Final = 5.0
+
+log = get_logger()
+
+
+class EndpointError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    target: str  # what the exporter is given
+    insecure: bool
+
+
+def parse_endpoint(raw: str) -> Endpoint:
+    """``host:port`` is an insecure connection; a URL uses its scheme (https = TLS)."""
+    text = raw.strip()
+    if "://" in text:
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https", "grpc", "grpcs"):
+            raise EndpointError(f"unsupported scheme {parts.scheme!r} in {raw!r}")
+        if not parts.hostname:
+            raise EndpointError(f"no host in {raw!r}")
+        try:
+            _ = parts.port
+        except ValueError as exc:
+            raise EndpointError(f"invalid port in {raw!r}: {exc}") from None
+        return Endpoint(text, insecure=parts.scheme in ("http", "grpc"))
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EndpointError(f"expected host:port or a URL, got {raw!r}")
+    if any(ch.isspace() or ch in "/?#@" for ch in host):
+        raise EndpointError(f"invalid host in {raw!r}")
+    return Endpoint(text, insecure=True)
+
+
+class Tracing:
+    """The daemon's tracer and, when enabled, the provider behind it."""
+
+    def __init__(self, tracer: trace.Tracer, provider: object | None = None) -> None:
+        self.tracer = tracer
+        self._provider = provider
+
+    @property
+    def enabled(self) -> bool:
+        return self._provider is not None
+
+    async def shutdown(self) -> None:
+        """Flush pending spans, bounded; never blocks the event loop."""
+        provider = self._provider
+        if provider is None:
+            return
+        self._provider = None
+        done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+
+        def flush_and_close() -> None:
+            try:
+                provider.shutdown()  # type: ignore[attr-defined]
+            except Exception as exc:
+                log.warning("OpenTelemetry SDK error", component="otel", err=exc)
+            finally:
+                loop.call_soon_threadsafe(_resolve, done)
+
+        # A daemon thread, not the default executor: asyncio.run would wait for an
+        # executor thread stuck on an unreachable collector.
+        threading.Thread(target=flush_and_close, name="otel-shutdown", daemon=True).start()
+        try:
+            await asyncio.wait_for(done, SHUTDOWN_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "OpenTelemetry SDK error", component="otel",
+                err=f"span flush did not finish within {SHUTDOWN_TIMEOUT_S:g}s; spans dropped",
+            )  # fmt: skip
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def disabled() -> Tracing:
+    return Tracing(trace.NoOpTracer())
+
+
+def setup(config: Config) -> Tracing:
+    if not config.otlp_endpoint:
+        log.info("Distributed tracing disabled; no OTLP endpoint configured")
+        return disabled()
+    try:
+        endpoint = parse_endpoint(config.otlp_endpoint)
+        tracing = _build(endpoint, config.node_name)
+    except Exception as exc:
+        log.warning(
+            "Tracing setup failed; continuing without distributed tracing",
+            endpoint=config.otlp_endpoint, err=exc,
+        )  # fmt: skip
+        return disabled()
+    log.info(
+        "Distributed tracing enabled",
+        endpoint=endpoint.target, insecure=endpoint.insecure, nodeName=config.node_name,
+    )  # fmt: skip
+    return tracing
+
+
+def _build(endpoint: Endpoint, node_name: str) -> Tracing:
+    # Imported only when enabled: keeps a tracing-free daemon free of exporter machinery.
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create(
+        {
+            "service.name": SERVICE_NAME,
+            "service.version": __version__,
+            "k8s.node.name": node_name,
+        }
+    )
+    exporter = OTLPSpanExporter(
+        endpoint=endpoint.target, insecure=endpoint.insecure, timeout=EXPORT_TIMEOUT_S
+    )
+    # No atexit hook: an unreachable collector would hold the exiting process for seconds.
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            exporter,
+            schedule_delay_millis=1000,
+            export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000),
+        )
+    )
+    return Tracing(provider.get_tracer(TRACER_NAME, __version__), provider)

@@ -1,0 +1,20 @@
+"""Shared fixtures: short temporary directories (unix socket paths are limited to 107
+bytes, so pytest's deep tmp_path is not always usable) and a daemon subprocess runner."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="rbln-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

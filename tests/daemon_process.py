@@ -1,0 +1,117 @@
+"""Runs the real daemon as a subprocess and collects its JSON log stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+Record = dict[str, Any]
+
+
+class DaemonProcess:
+    def __init__(
+        self, args: Sequence[str], env: Mapping[str, str] | None = None, level: str = "debug"
+    ) -> None:
+        full_env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("RBLN_", "OTEL_", "KUBELET_", "CDI_", "HEALTHCHECK_", "NODE_"))
+        }
+        full_env["RBLN_DEVICE_PLUGIN_LOG_LEVEL"] = level
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rbln_device_plugin", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.records: list[Record] = []
+        self.stderr = ""
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self._err_reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line)
+                try:
+                    self.records.append(json.loads(line))
+                except ValueError:
+                    self.records.append({"msg": "<<not json>>", "raw": line})
+                self._cond.notify_all()
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def find(self, msg: str, **fields: Any) -> list[Record]:
+        with self._cond:
+            return [
+                r
+                for r in self.records
+                if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())
+            ]
+
+    def wait_for(
+        self,
+        msg: str,
+        timeout: float = 15.0,
+        count: int = 1,
+        where: Callable[[Record], bool] = lambda _: True,
+        **fields: Any,
+    ) -> list[Record]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [r for r in self.find_unlocked(msg, **fields) if where(r)]
+                if len(found) >= count:
+                    return found
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(
+                        f"no {count}x {msg!r} {fields} within {timeout}s; exit={self.proc.poll()}; "
+                        f"last records: {self.records[-15:]}; stderr: {self.stderr[-2000:]}"
+                    )
+                self._cond.wait(min(remaining, 0.1))
+
+    def find_unlocked(self, msg: str, **fields: Any) -> list[Record]:
+        return [
+            r
+            for r in self.records
+            if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())
+        ]
+
+    def send(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(5)
+            raise AssertionError(f"daemon did not exit within {timeout}s of {sig.name}") from None
+        self._reader.join(5)
+        self._err_reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)

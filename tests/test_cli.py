@@ -1,0 +1,125 @@
+"""The CLI as a real process: stdout carries only JSON log records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rbln_device_plugin import __version__, config
+
+from .daemon_process import DaemonProcess
+
+BIN = Path(sys.executable).parent / "rbln-device-plugin"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RBLN_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [str(BIN), *args], capture_output=True, text=True, timeout=30, env=full_env
+    )
+
+
+def test_help_goes_to_stderr_and_lists_every_flag() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    assert result.stdout == ""
+    help_text = " ".join(result.stderr.split())
+    for option in config.OPTIONS:
+        assert option.flag in help_text
+        assert f"env {option.env}" in help_text
+        assert f"default {option.default or '(empty)'}" in help_text
+
+
+def test_version_goes_to_stderr() -> None:
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout == ""
+    assert __version__ in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--no-such-flag"], ["positional"], ["--device-scan-interval=0s"],
+     ["--healthcheck-port", "70000"]],
+)  # fmt: skip
+def test_usage_errors_exit_2_with_json_only_on_stdout(args: list[str]) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert "usage:" in result.stderr
+    lines = result.stdout.splitlines()
+    assert lines, "the usage error is also reported through the logger"
+    parsed = [json.loads(line) for line in lines]
+    assert parsed[-1]["level"] == "error"
+    assert parsed[-1]["msg"] == "Invalid command line"
+
+
+def test_usage_error_respects_text_format() -> None:
+    result = run("--bogus", env={"RBLN_DEVICE_PLUGIN_LOG_FORMAT": "text"})
+    assert result.returncode == 2
+    assert "level=error" in result.stdout
+
+
+def _daemon_args(tmp: Path, port: str = "0") -> list[str]:
+    missing_smi = tmp / "no-rbln-smi"
+    return [
+        "--kubelet-device-plugin-path", str(tmp / "kubelet"),
+        "--cdi-root", str(tmp / "cdi"),
+        "--sysfs-root", str(tmp / "sys"),
+        "--dev-root", str(tmp / "dev"),
+        "--rbln-smi", str(missing_smi),
+        "--rsd-lock-path", str(tmp / "rsd.lock"),
+        "--healthcheck-port", port,
+        "--device-scan-interval", "200ms",
+    ]  # fmt: skip
+
+
+def test_startup_logs_version_and_resolved_configuration(short_tmp: Path) -> None:
+    daemon = DaemonProcess(_daemon_args(short_tmp))
+    try:
+        (start,) = daemon.wait_for("Starting rbln-device-plugin")
+        assert start["version"] == __version__
+        assert start["config"]["kubeletDir"] == str(short_tmp / "kubelet")
+        assert start["config"]["scanInterval"] == "200ms"
+        daemon.wait_for("Started healthcheck service")
+    finally:
+        assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
+def test_each_shutdown_signal_is_named_and_exits_0(short_tmp: Path, sig: signal.Signals) -> None:
+    daemon = DaemonProcess(_daemon_args(short_tmp), level="info")
+    try:
+        daemon.wait_for("Started healthcheck service")
+        daemon.wait_for("Device discovery failed; reporting zero devices until it recovers")
+    finally:
+        code = daemon.stop(sig, timeout=6)
+    assert code == 0
+    (record,) = daemon.find("Shutdown signal received")
+    assert record["signal"] == sig.name
+    assert daemon.find("Shutdown complete")
+    assert all("<<not json>>" != r["msg"] for r in daemon.records)
+
+
+def test_port_in_use_exits_1_with_a_clear_record(short_tmp: Path) -> None:
+    holder = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    holder.bind(("::", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        daemon = DaemonProcess(_daemon_args(short_tmp, str(port)))
+        code = daemon.proc.wait(20)
+        daemon.stop()
+    finally:
+        holder.close()
+    assert code == 1
+    (record,) = daemon.find("Cannot start healthcheck service")
+    assert record["level"] == "error" and str(port) in record["err"]
+    assert "Traceback" not in daemon.stderr

@@ -1,0 +1,128 @@
+"""Flags, environment variables and defaults -> Config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rbln_device_plugin import cli, config
+from rbln_device_plugin.config import parse_duration
+
+
+def resolve(argv: list[str], env: dict[str, str] | None = None) -> config.Config:
+    return cli.parse(argv, env or {})
+
+
+def test_defaults_match_the_documented_table() -> None:
+    cfg = resolve([])
+    assert cfg.cdi_root == Path("/var/run/cdi")
+    assert cfg.kubelet_dir == Path("/var/lib/kubelet/device-plugins")
+    assert cfg.healthcheck_port == 51515
+    assert cfg.scan_interval == 5.0
+    assert cfg.otlp_endpoint == ""
+    assert cfg.sysfs_root == Path("/sys")
+    assert cfg.dev_root == Path("/dev")
+    assert cfg.rbln_smi is None
+    assert cfg.rsd_lock_path == Path("/var/run/rbln-rsd-group.lock")
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "field", "flag_value", "env_value", "expected_flag", "expected_env"),
+    [
+        ("--cdi-root", "CDI_ROOT", "cdi_root", "/f", "/e", Path("/f"), Path("/e")),
+        ("--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH", "kubelet_dir", "/f",
+         "/e", Path("/f"), Path("/e")),
+        ("--healthcheck-port", "HEALTHCHECK_PORT", "healthcheck_port", "1", "2", 1, 2),
+        ("--device-scan-interval", "DEVICE_SCAN_INTERVAL", "scan_interval", "1s", "2m", 1.0,
+         120.0),
+        ("--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint", "a:1", "b:2", "a:1",
+         "b:2"),
+        ("--node-name", "NODE_NAME", "node_name", "f", "e", "f", "e"),
+        ("--sysfs-root", "SYSFS_ROOT", "sysfs_root", "/f", "/e", Path("/f"), Path("/e")),
+        ("--dev-root", "DEV_ROOT", "dev_root", "/f", "/e", Path("/f"), Path("/e")),
+        ("--rbln-smi", "RBLN_SMI_PATH", "rbln_smi", "/f", "/e", Path("/f"), Path("/e")),
+        ("--rsd-lock-path", "RSD_LOCK_PATH", "rsd_lock_path", "/f", "/e", Path("/f"), Path("/e")),
+    ],
+)  # fmt: skip
+def test_flag_beats_env_beats_default(
+    flag: str, env: str, field: str, flag_value: str, env_value: str,
+    expected_flag: object, expected_env: object,
+) -> None:  # fmt: skip
+    assert getattr(resolve([], {env: env_value}), field) == expected_env
+    assert getattr(resolve([flag, flag_value], {env: env_value}), field) == expected_flag
+    assert getattr(resolve([f"{flag}={flag_value}"]), field) == expected_flag
+
+
+def test_every_option_is_listed_for_deployment_checks() -> None:
+    assert {o.env for o in config.OPTIONS} <= config.ENVIRONMENT_VARIABLES
+    assert "USE_GENERIC_RESOURCE_NAME" in config.ENVIRONMENT_VARIABLES
+    assert "RBLN_DEVICE_PLUGIN_LOG_LEVEL" in config.ENVIRONMENT_VARIABLES
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5s", 5), ("200ms", 0.2), ("1m30s", 90), ("1h", 3600), ("1.5h", 5400), ("300us", 3e-4),
+     ("2h45m", 9900), ("0", 0), ("-5s", -5), ("1h1m1s1ms", 3661.001), (".5s", 0.5)],
+)  # fmt: skip
+def test_go_durations_parse(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "s", "5 s", "5x", "1m30", "ms5", "--5s", "5s5"])
+def test_bad_durations_are_rejected(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("value", ["0s", "0", "-1s", "banana", "5", "25h"])
+def test_unusable_interval_is_a_usage_error_naming_flag_and_env(value: str) -> None:
+    with pytest.raises(cli.UsageError) as caught:
+        resolve([f"--device-scan-interval={value}"])
+    assert "--device-scan-interval / DEVICE_SCAN_INTERVAL" in str(caught.value)
+    with pytest.raises(cli.UsageError):
+        resolve([], {"DEVICE_SCAN_INTERVAL": value})
+
+
+@pytest.mark.parametrize("value", ["65536", "99999", "http", "1.5", ""])
+def test_bad_ports_are_usage_errors(value: str) -> None:
+    with pytest.raises(cli.UsageError) as caught:
+        resolve(["--healthcheck-port", value])
+    assert "HEALTHCHECK_PORT" in str(caught.value)
+
+
+@pytest.mark.parametrize(("value", "port"), [("-1", -1), ("-42", -42), ("0", 0), ("65535", 65535)])
+def test_negative_port_disables_and_zero_picks_any(value: str, port: int) -> None:
+    cfg = resolve(["--healthcheck-port", value])
+    assert cfg.healthcheck_port == port
+    assert cfg.healthcheck_enabled == (port >= 0)
+
+
+def test_positional_arguments_are_rejected() -> None:
+    with pytest.raises(cli.UsageError):
+        resolve(["extra"])
+
+
+def test_abbreviated_flags_are_not_guessed() -> None:
+    with pytest.raises(cli.UsageError):
+        resolve(["--cdi", "/x"])
+
+
+def test_operator_variable_is_accepted_and_ignored() -> None:
+    assert resolve([], {"USE_GENERIC_RESOURCE_NAME": "true"}) == resolve([])
+
+
+def test_kubelet_dir_too_long_for_unix_sockets_is_rejected() -> None:
+    with pytest.raises(cli.UsageError) as caught:
+        resolve(["--kubelet-device-plugin-path", "/" + "d" * 90])
+    assert "too long" in str(caught.value)
+
+
+def test_config_is_frozen_and_describes_itself() -> None:
+    cfg = resolve(["--device-scan-interval", "1m30s"])
+    with pytest.raises(AttributeError):
+        cfg.scan_interval = 1.0  # type: ignore[misc]
+    described = cfg.describe()
+    assert described["scanInterval"] == "1m30s"
+    assert described["kubeletDir"] == "/var/lib/kubelet/device-plugins"
+    assert described["rblnSmi"] == "(search)"
