@@ -104,6 +104,7 @@ class Manager:
             resourceCount=len(self.plugins),
             deviceCount=sum(len(devices) for devices in wanted.values()),
             durationMs=round((time.monotonic() - started) * 1000, 2),
+            tasks=len(asyncio.all_tasks()),
         )
 
     async def _sync_plugin(self, resource: str, devices: Sequence[Device]) -> None:

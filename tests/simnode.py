@@ -1,0 +1,48 @@
+"""A simulated node + kubelet stub + the real daemon process, for end-to-end tests."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rbln_device_plugin.sim.kubelet import KubeletStub
+from rbln_device_plugin.sim.layout import Layout, preset
+from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
+
+from .daemon_process import DaemonProcess
+
+
+@dataclass
+class Harness:
+    node: SimNode
+    kubelet: KubeletStub
+    daemon: DaemonProcess
+
+    def sockets(self) -> list[str]:
+        return sorted(p.name for p in self.node.kubelet_dir.iterdir() if p.is_socket())
+
+
+@asynccontextmanager
+async def running(
+    layout: str | Layout,
+    interval: str = "300ms",
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    level: str = "debug",
+) -> AsyncIterator[Harness]:
+    root = short_tempdir()
+    node = materialize(preset(layout) if isinstance(layout, str) else layout, root)
+    kubelet = KubeletStub(node.kubelet_dir)
+    await kubelet.start()
+    daemon = DaemonProcess(
+        [*node.daemon_args(interval), *extra_args], env=env, level=level
+    )
+    try:
+        yield Harness(node, kubelet, daemon)
+    finally:
+        daemon.kill()
+        await kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
