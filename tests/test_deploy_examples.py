@@ -1,0 +1,108 @@
+"""The example pods: valid Kubernetes, the right resource, and guides that match their files."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rbln_device_plugin import inventory
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+KUBE_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
+KUBE_VERSION = "1.35.0"
+FIXED_RESOURCES = {"rebellions.ai/npu", "rebellions.ai/npu-vf1", "rebellions.ai/npu-vf4"}
+
+# guide name -> (resource requested, number of pods, devices per pod)
+CASES: dict[str, tuple[str, int, int]] = {
+    "single-pod-double-npu": ("rebellions.ai/npu", 1, 2),
+    "two-pods-one-npu-each": ("rebellions.ai/npu", 2, 1),
+    "single-pod-npu-vf4": ("rebellions.ai/npu-vf4", 1, 1),
+}
+
+
+def pods(name: str) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / f"{name}.yaml").read_text()) if d]
+    assert all(d["kind"] == "Pod" for d in docs)
+    return docs
+
+
+def test_fixed_resource_names_match_the_plugin() -> None:
+    plugin_names = {inventory.RESOURCE_NPU, inventory.RESOURCE_NPU_VF1, inventory.RESOURCE_NPU_VF4}
+    assert plugin_names == FIXED_RESOURCES
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_example_manifest_is_valid_kubernetes(name: str) -> None:
+    done = subprocess.run(
+        [str(KUBE_VALIDATE), "--strict", "-k", KUBE_VERSION, str(EXAMPLES / f"{name}.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "failed" not in done.stdout
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_example_requests_the_right_npu_resource(name: str) -> None:
+    resource, pod_count, per_pod = CASES[name]
+    found = pods(name)
+    assert len(found) == pod_count
+    assert len({p["metadata"]["name"] for p in found}) == pod_count
+    for pod in found:
+        requested = 0
+        for container in pod["spec"]["containers"]:
+            resources = container.get("resources", {})
+            limits = resources.get("limits", {})
+            npu_keys = {k for k in limits if k.startswith("rebellions.ai/")}
+            assert npu_keys <= FIXED_RESOURCES, f"unknown resource names {npu_keys}"
+            # Extended resources cannot be overcommitted: requests, if given, equal limits.
+            for key, value in resources.get("requests", {}).items():
+                if key.startswith("rebellions.ai/"):
+                    assert limits.get(key) == value
+            requested += int(limits.get(resource, 0))
+        assert requested == per_pod
+
+
+def yaml_blocks(markdown: str) -> list[str]:
+    return re.findall(r"^```yaml\n(.*?)^```$", markdown, flags=re.S | re.M)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_guide_shows_its_manifest_and_apply_verify_cleanup(name: str) -> None:
+    guide = (EXAMPLES / f"{name}.md").read_text()
+    manifest = (EXAMPLES / f"{name}.yaml").read_text()
+    assert manifest in yaml_blocks(guide), "the guide's YAML differs from the manifest file"
+    path = f"examples/{name}.yaml"
+    assert f"kubectl apply -f {path}" in guide
+    assert f"kubectl delete -f {path}" in guide
+    for pod in pods(name):
+        # The verification steps refer to the pods the manifest actually creates.
+        assert f"pod/{pod['metadata']['name']}" in guide
+        assert f"kubectl logs {pod['metadata']['name']}" in guide
+    assert CASES[name][0] in guide
+
+
+def test_example_manifests_pass_yamllint() -> None:
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("yamllint")),
+            "--strict",
+            "-d",
+            "{extends: default, rules: {document-start: disable}}",
+            *(str(EXAMPLES / f"{name}.yaml") for name in CASES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
