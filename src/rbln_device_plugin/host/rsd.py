@@ -1,0 +1,215 @@
+"""RSD group recreation: give one container's NPUs a fresh group and its /dev/rsd<G> node.
+
+The whole sequence runs under an exclusive flock on a node-wide lock file, so every
+allocator on the node (other resource plugins, other processes) sees consistent group
+ids. The lock is taken with non-blocking attempts and asyncio sleeps, so waiting for it
+never stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from rbln_device_plugin.host.devnodes import DeviceNodeMissing, wait_for_nodes
+from rbln_device_plugin.host.smi import DiscoveryError, SmiError, load_devices, run_smi
+from rbln_device_plugin.inventory import is_valid_bus_id
+from rbln_device_plugin.logs import get_logger
+
+log = get_logger()
+
+DEFAULT_LOCK_PATH: Final = Path("/var/run/rbln-rsd-group.lock")
+LOCK_TIMEOUT_S: Final = 5.0
+LOCK_RETRY_S: Final = 0.1
+LIST_TIMEOUT_S: Final = 5.0
+CHANGE_TIMEOUT_S: Final = 10.0
+NODE_TIMEOUT_S: Final = 5.0
+NODE_POLL_S: Final = 0.1
+DEFAULT_GROUP: Final = "0"
+
+
+class RsdError(Exception):
+    """RSD group recreation failed; the message says at which step and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class RsdGroup:
+    group_id: int
+    host_path: Path  # <dev root>/rsd<group_id>
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEntry:
+    """One device of ``rbln-smi -g -j`` as far as groups are concerned."""
+
+    bus_id: str | None  # lowercase
+    npu: int | None
+    group_id: str
+
+
+def parse_groups(text: str) -> list[GroupEntry]:
+    """Every listed device must report its group: a skipped entry could hide a used id."""
+    try:
+        devices = load_devices(text)
+    except DiscoveryError as exc:
+        raise RsdError(str(exc)) from None
+    entries: list[GroupEntry] = []
+    for index, entry in enumerate(devices):
+        if not isinstance(entry, dict):
+            raise RsdError(f"rbln-smi -g -j entry {index} is not an object")
+        group = entry.get("group_id")
+        if isinstance(group, int) and not isinstance(group, bool):
+            group = str(group)
+        if not isinstance(group, str):
+            raise RsdError(f"rbln-smi -g -j entry {index} has no group_id")
+        pci = entry.get("pci")
+        bus = pci.get("bus_id") if isinstance(pci, dict) else None
+        npu = entry.get("npu")
+        entries.append(
+            GroupEntry(
+                bus_id=bus.lower() if isinstance(bus, str) else None,
+                npu=npu if isinstance(npu, int) and not isinstance(npu, bool) else None,
+                group_id=group.strip(),
+            )
+        )
+    return entries
+
+
+def groups_to_destroy(entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> list[str]:
+    """Distinct non-default groups holding any of ``bus_ids``, in a stable order."""
+    wanted = set(bus_ids)
+    found = {e.group_id for e in entries if e.bus_id in wanted and e.group_id != DEFAULT_GROUP}
+    return sorted(found, key=lambda g: (len(g), g))
+
+
+def next_group_id(entries: Sequence[GroupEntry]) -> int:
+    """Smallest id >= 1 that no device uses."""
+    used: set[int] = set()
+    for entry in entries:
+        group = entry.group_id
+        if not group.isascii() or not group.isdigit():
+            raise RsdError(f"rbln-smi reports a non-numeric group_id {group!r}")
+        used.add(int(group))
+    candidate = 1
+    while candidate in used:
+        candidate += 1
+    return candidate
+
+
+def npus_for(entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> list[int]:
+    by_bus = {e.bus_id: e.npu for e in entries if e.bus_id is not None}
+    npus: list[int] = []
+    for bus_id in bus_ids:
+        if bus_id not in by_bus:
+            raise RsdError(f"rbln-smi does not list bus ID {bus_id}")
+        npu = by_bus[bus_id]
+        if npu is None:
+            raise RsdError(f"rbln-smi lists bus ID {bus_id} without an npu number")
+        npus.append(npu)
+    return npus
+
+
+def _open_lock_file(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    os.fchmod(fd, 0o644)  # the creation mode is filtered by the umask
+    return fd
+
+
+@contextlib.asynccontextmanager
+async def rsd_lock(
+    path: Path,
+    *,
+    timeout: float = LOCK_TIMEOUT_S,  # noqa: ASYNC109 - a lock-wait budget
+    retry: float = LOCK_RETRY_S,
+) -> AsyncIterator[None]:
+    """Hold an exclusive flock on ``path``; released on every exit path."""
+    try:
+        fd = _open_lock_file(path)
+    except OSError as exc:
+        raise RsdError(f"cannot open RSD lock file {path}: {exc}") from exc
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RsdError(
+                        f"timed out after {timeout:g} s waiting for the RSD lock {path}"
+                    ) from None
+                await asyncio.sleep(retry)
+            except OSError as exc:
+                raise RsdError(f"cannot lock {path}: {exc}") from exc
+        yield
+    finally:
+        # Closing the descriptor drops the flock too, even if we never got it.
+        os.close(fd)
+
+
+async def _smi(smi: Path, args: Sequence[str], limit: float, step: str) -> str:
+    try:
+        return await run_smi(smi, args, limit)
+    except SmiError as exc:
+        raise RsdError(f"{step}: {exc}") from exc
+
+
+async def recreate_rsd_group(
+    smi: Path,
+    bus_ids: Sequence[str],
+    *,
+    lock_path: Path = DEFAULT_LOCK_PATH,
+    dev_root: Path = Path("/dev"),
+    lock_timeout: float = LOCK_TIMEOUT_S,
+    list_timeout: float = LIST_TIMEOUT_S,
+    change_timeout: float = CHANGE_TIMEOUT_S,
+    node_timeout: float = NODE_TIMEOUT_S,
+    node_poll: float = NODE_POLL_S,
+) -> RsdGroup:
+    """Put exactly ``bus_ids`` into a new RSD group and wait for its device node."""
+    started = time.monotonic()
+    wanted = sorted({bus_id.lower() for bus_id in bus_ids})
+    if not wanted:
+        raise RsdError("no bus IDs to group")
+    bad = [bus_id for bus_id in wanted if not is_valid_bus_id(bus_id)]
+    if bad:
+        raise RsdError(f"invalid bus IDs {bad}")
+    async with rsd_lock(lock_path, timeout=lock_timeout):
+        before = parse_groups(await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups"))
+        stale = groups_to_destroy(before, wanted)
+        if stale:
+            joined = ",".join(stale)
+            await _smi(smi, ["group", "-d", joined], change_timeout, f"destroying groups {joined}")
+        after = parse_groups(await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups"))
+        group_id = next_group_id(after)
+        npus = ",".join(str(npu) for npu in npus_for(after, wanted))
+        await _smi(
+            smi,
+            ["group", "-c", str(group_id), "-a", npus],
+            change_timeout,
+            f"creating group {group_id}",
+        )
+        host_path = dev_root / f"rsd{group_id}"
+        try:
+            await wait_for_nodes([host_path], timeout=node_timeout, interval=node_poll)
+        except DeviceNodeMissing as exc:
+            raise RsdError(f"created group {group_id}, but {exc}") from exc
+    fields: dict[str, Any] = {
+        "groupId": group_id,
+        "busIDs": wanted,
+        "hostRsdPath": str(host_path),
+        "durationMs": round((time.monotonic() - started) * 1000, 1),
+    }
+    log.debug("Recreated RSD group", **fields)
+    return RsdGroup(group_id, host_path)

@@ -1,0 +1,282 @@
+"""rbln-smi: find the binary, run it with a deadline, parse its JSON inventory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from rbln_device_plugin.inventory import Problem, SmiRecord
+from rbln_device_plugin.logs import get_logger
+
+log = get_logger()
+
+DEFAULT_CANDIDATES: Final = (
+    Path("/usr/bin/rbln-smi"),
+    Path("/run/rbln/driver/usr/bin/rbln-smi"),
+    Path("/host/usr/bin/rbln-smi"),
+    Path("/host/driver/usr/bin/rbln-smi"),
+)
+INVENTORY_TIMEOUT_S: Final = 5.0
+# A healthy 64-device listing is tens of KiB; the cap only stops a runaway tool.
+MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024
+ERROR_OUTPUT_BYTES: Final = 4096
+# After SIGKILL the reap is normally instant; this bounds a stuck pipe holder.
+_REAP_TIMEOUT_S: Final = 2.0
+
+
+class DiscoveryError(Exception):
+    """Device discovery failed as a whole: the node then reports zero devices."""
+
+
+class SmiError(Exception):
+    """An rbln-smi run failed: could not start, timed out, exited non-zero, printed too much."""
+
+
+def _is_executable_file(path: Path) -> bool:
+    try:
+        return path.is_file() and os.access(path, os.X_OK)
+    except OSError:
+        return False
+
+
+def locate_rbln_smi(
+    configured: Path | None,
+    candidates: Sequence[Path] = DEFAULT_CANDIDATES,
+    search_path: str | None = None,
+) -> Path:
+    """The rbln-smi to run: the configured one, else the first usable candidate, else $PATH.
+
+    ``search_path`` overrides $PATH (tests). Raises DiscoveryError when nothing is usable.
+    """
+    if configured is not None:
+        if _is_executable_file(configured):
+            return configured
+        raise DiscoveryError(f"configured rbln-smi {configured} is not an executable file")
+    for candidate in candidates:
+        if _is_executable_file(candidate):
+            return candidate
+    path_env = os.environ.get("PATH", os.defpath) if search_path is None else search_path
+    found = shutil.which("rbln-smi", path=path_env)
+    if found is not None and _is_executable_file(Path(found)):
+        return Path(found)
+    tried = ", ".join(str(c) for c in candidates)
+    raise DiscoveryError(f"rbln-smi not found (tried {tried} and $PATH)")
+
+
+def trim_output(data: bytes, limit: int = ERROR_OUTPUT_BYTES) -> str:
+    """Strip and middle-truncate tool output for an error message."""
+    data = data.strip()
+    if len(data) > limit:
+        half = limit // 2
+        omitted = len(data) - 2 * half
+        data = data[:half] + f" ...[{omitted} bytes omitted]... ".encode() + data[-half:]
+    return data.decode("utf-8", errors="replace")
+
+
+class _OutputTooLarge(Exception):
+    pass
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> bytes:
+    if stream is None:
+        return b""
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := await stream.read(64 * 1024):
+        total += len(chunk)
+        if total > cap:
+            raise _OutputTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+async def _drain(stream: asyncio.StreamReader | None) -> None:
+    while stream is not None and await stream.read(64 * 1024):
+        pass
+
+
+async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:
+    # The tool runs in its own session, so the whole group goes, including helpers that
+    # would otherwise keep our pipes open (asyncio reaps only once the pipes close, and a
+    # paused reader never sees EOF, hence the drain).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(_drain(proc.stdout), _drain(proc.stderr), proc.wait()),
+            _REAP_TIMEOUT_S,
+        )
+    except TimeoutError:
+        # Something outside the group still holds a pipe: drop the pipes, stop waiting.
+        transport = getattr(proc, "_transport", None)
+        if transport is not None:
+            transport.close()
+        log.warning("rbln-smi did not exit after SIGKILL", pid=proc.pid)
+
+
+async def _collect(proc: asyncio.subprocess.Process, cap: int) -> tuple[bytes, bytes, int]:
+    out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap))
+    err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap))
+    try:
+        stdout, stderr = await asyncio.gather(out_task, err_task)
+    finally:
+        out_task.cancel()
+        err_task.cancel()
+    return stdout, stderr, await proc.wait()
+
+
+async def run_smi(
+    binary: Path,
+    args: Sequence[str],
+    timeout: float,  # noqa: ASYNC109 - the tool's deadline; it is killed when it passes
+    *,
+    max_output: int = MAX_OUTPUT_BYTES,
+) -> str:
+    """Run ``binary args`` (no shell, stdin closed) and return its stdout.
+
+    The process is killed on timeout, on oversized output and on cancellation. Raises
+    SmiError naming the command, duration, exit status and the trimmed output.
+    """
+    command = " ".join([str(binary), *args])
+    started = time.monotonic()
+
+    def elapsed_ms() -> int:
+        return round((time.monotonic() - started) * 1000)
+
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(binary),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SmiError(f"`{command}` could not be started: {exc}") from exc
+
+    try:
+        async with asyncio.timeout(timeout):
+            stdout, stderr, returncode = await _collect(proc, max_output)
+    except TimeoutError:
+        await _kill_and_reap(proc)
+        raise SmiError(
+            f"`{command}` timed out after {elapsed_ms()} ms (limit {timeout:g} s) and was killed"
+        ) from None
+    except _OutputTooLarge:
+        await _kill_and_reap(proc)
+        raise SmiError(
+            f"`{command}` printed more than {max_output} bytes within {elapsed_ms()} ms "
+            "and was killed"
+        ) from None
+    except BaseException:
+        await _kill_and_reap(proc)
+        raise
+
+    if returncode != 0:
+        output = trim_output(stderr + b"\n" + stdout if stderr else stdout)
+        raise SmiError(
+            f"`{command}` {_describe_exit(returncode)} after {elapsed_ms()} ms"
+            + (f": {output}" if output else " (no output)")
+        )
+    return stdout.decode("utf-8", errors="replace")
+
+
+def load_devices(text: str) -> list[Any]:
+    """The ``devices`` list of rbln-smi's JSON; anything else at the top is a DiscoveryError."""
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        shown = trim_output(text.encode(), 256)
+        raise DiscoveryError(f"rbln-smi printed invalid JSON ({exc}): {shown!r}") from None
+    if not isinstance(document, dict):
+        raise DiscoveryError(f"rbln-smi JSON is a {type(document).__name__}, not an object")
+    devices = document.get("devices")
+    if not isinstance(devices, list):
+        raise DiscoveryError("rbln-smi JSON has no 'devices' list")
+    return devices
+
+
+def _text(value: Any, what: str, *, required: bool) -> str:
+    # rbln-smi prints numbers as strings; accept bare integers too, nothing else.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if value is None and not required:
+        return ""
+    raise ValueError(f"{what} is {'missing' if value is None else type(value).__name__}")
+
+
+def _npu(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 10:
+        return int(value)
+    raise ValueError(f"npu is {value!r}, not a non-negative integer")
+
+
+def parse_record(entry: Any) -> SmiRecord:
+    """One device entry; ValueError says what is wrong with it."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"entry is a {type(entry).__name__}, not an object")
+    pci = entry.get("pci")
+    if not isinstance(pci, dict):
+        raise ValueError("pci is missing" if pci is None else "pci is not an object")
+    group = entry.get("group_id")
+    return SmiRecord(
+        name=_text(entry.get("device"), "device", required=True),
+        product=_text(entry.get("name"), "name", required=True),
+        bus_id=_text(pci.get("bus_id"), "pci.bus_id", required=True),
+        pci_device_id=_text(pci.get("dev"), "pci.dev", required=False),
+        numa_node=_text(pci.get("numa_node"), "pci.numa_node", required=False),
+        sid=_text(entry.get("sid"), "sid", required=False),
+        npu=_npu(entry.get("npu")),
+        group_id=None if group is None else _text(group, "group_id", required=True),
+    )
+
+
+def _entry_label(index: int, entry: Any) -> str:
+    if isinstance(entry, Mapping):
+        name = entry.get("device")
+        if isinstance(name, str) and len(name) <= 64:
+            return f"entry {index} ({name!r})"
+    return f"entry {index}"
+
+
+def parse_inventory(text: str) -> tuple[list[SmiRecord], list[Problem]]:
+    """Parse ``rbln-smi -j``. Malformed entries are skipped with a Problem naming them."""
+    records: list[SmiRecord] = []
+    problems: list[Problem] = []
+    for index, entry in enumerate(load_devices(text)):
+        try:
+            records.append(parse_record(entry))
+        except ValueError as exc:
+            label = _entry_label(index, entry)
+            problems.append(
+                Problem(
+                    f"malformed-entry:{label}:{exc}",
+                    "Skipping malformed rbln-smi device entry",
+                    {"entry": label, "reason": str(exc)},
+                )
+            )
+    return records, problems

@@ -1,0 +1,164 @@
+"""sysfs readers: device status, PCI hierarchy, SR-IOV role.
+
+Everything is resolved under a configurable sysfs root (``/sys`` on a node, a tmp tree
+in tests). Readers never raise for a bad device: the problem is returned as data and
+affects only that device.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Final
+
+from rbln_device_plugin.health import StatusReading, parse_status
+from rbln_device_plugin.inventory import DeviceFacts, SriovFacts, is_valid_bus_id, is_valid_name
+
+# Status and count files hold a few digits; anything longer is malformed, not worth reading.
+_SMALL_FILE_BYTES: Final = 64
+_PCI_ROOT_RE: Final = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}", re.ASCII)
+
+
+# Paths are built as strings: pathlib's joins cost more than the reads themselves here,
+# and a scan does a handful per device every few seconds.
+def status_path(root: Path | str, name: str) -> str:
+    return os.path.join(root, "class", "rebellions", name, "status")
+
+
+def pci_device_dir(root: Path | str, bus_id: str) -> str:
+    return os.path.join(root, "bus", "pci", "devices", bus_id.lower())
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _read_small(path: str) -> str:
+    """Read a tiny sysfs attribute; OSError passes through, oversize/binary is _Malformed."""
+    with open(path, "rb") as handle:
+        data = handle.read(_SMALL_FILE_BYTES + 1)
+    if len(data) > _SMALL_FILE_BYTES:
+        raise _Malformed(f"more than {_SMALL_FILE_BYTES} bytes")
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise _Malformed("not ASCII text") from None
+
+
+def read_status(root: Path | str, name: str) -> StatusReading:
+    """The driver lifecycle status of device ``name``; never raises."""
+    if not is_valid_name(name):
+        return StatusReading(None, f"invalid device name {name!r}")
+    path = status_path(root, name)
+    try:
+        return parse_status(_read_small(path))
+    except FileNotFoundError:
+        return StatusReading(None, f"{path} does not exist")
+    except OSError as exc:
+        return StatusReading(None, f"cannot read {path}: {exc.strerror or exc}")
+    except _Malformed as exc:
+        return StatusReading(None, f"malformed status in {path}: {exc}")
+
+
+_O_PATH: Final = getattr(os, "O_PATH", 0)
+
+
+def _resolve_dir(path: str) -> str | None:
+    """realpath of an existing directory, or None.
+
+    The kernel resolves the whole chain in one open; /proc/self/fd names the result.
+    That is several times cheaper than os.path.realpath's lstat per component, which
+    dominated the scan cost. Without O_PATH or /proc, fall back to realpath.
+    """
+    if _O_PATH:
+        try:
+            fd = os.open(path, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None  # missing, dangling, a loop, or not a directory
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    try:
+        resolved = os.path.realpath(path)
+        return resolved if os.path.isdir(resolved) else None
+    except (OSError, ValueError):
+        return None
+
+
+def read_pci_path(root: Path | str, bus_id: str) -> tuple[str, ...] | None:
+    """The device's PCI hierarchy from its pciDDDD:BB root down to itself, or None.
+
+    None means the link is missing or does not resolve to a plausible PCI device
+    directory; only this device's topology is then unknown.
+    """
+    bus_id = bus_id.lower()
+    if not is_valid_bus_id(bus_id):
+        return None
+    resolved = _resolve_dir(pci_device_dir(root, bus_id))
+    if resolved is None:
+        return None
+    parts = resolved.lower().split(os.sep)
+    if not parts or parts[-1] != bus_id:
+        return None
+    # The pciDDDD:BB segment is the host bridge: everything below it must be BDFs.
+    start = next((i for i, part in enumerate(parts) if _PCI_ROOT_RE.fullmatch(part)), None)
+    if start is None:
+        return None
+    chain = parts[start:]
+    if len(chain) < 2 or not all(is_valid_bus_id(part) for part in chain[1:]):
+        return None
+    return tuple(chain)
+
+
+def _read_count(path: str) -> int:
+    """A non-negative decimal count. FileNotFoundError passes through; else ValueError."""
+    try:
+        text = _read_small(path).strip()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except _Malformed as exc:
+        raise ValueError(f"malformed {path}: {exc}") from None
+    if not text.isascii() or not text.isdigit() or len(text) > 6:
+        raise ValueError(f"malformed {path}: {text[:32]!r}")
+    return int(text)
+
+
+def read_sriov(root: Path | str, bus_id: str) -> SriovFacts:
+    """VF or PF, and the VF count that decides the resource; never raises."""
+    device_dir = pci_device_dir(root, bus_id)
+    physfn = os.path.join(device_dir, "physfn")
+    try:
+        target = os.readlink(physfn)
+    except FileNotFoundError:
+        target = None
+    except OSError as exc:
+        if os.path.lexists(physfn):
+            return SriovFacts(error=f"cannot read {physfn}: {exc.strerror or exc}")
+        target = None
+    if target is not None:
+        parent = os.path.basename(target.rstrip("/")).lower()
+        if not is_valid_bus_id(parent):
+            return SriovFacts(error=f"{physfn} points to {target!r}, not a PCI device")
+        count_path = os.path.join(pci_device_dir(root, parent), "sriov_numvfs")
+        try:
+            return SriovFacts(parent_bus_id=parent, vf_count=_read_count(count_path))
+        except FileNotFoundError:
+            return SriovFacts(parent_bus_id=parent, error=f"{count_path} does not exist")
+        except ValueError as exc:
+            return SriovFacts(parent_bus_id=parent, error=str(exc))
+    try:
+        return SriovFacts(vf_count=_read_count(os.path.join(device_dir, "sriov_numvfs")))
+    except FileNotFoundError:
+        return SriovFacts()  # no SR-IOV capability: a plain PF
+    except ValueError as exc:
+        return SriovFacts(error=str(exc))
+
+
+def read_device_facts(root: Path | str, bus_id: str) -> DeviceFacts:
+    return DeviceFacts(sriov=read_sriov(root, bus_id), pci_path=read_pci_path(root, bus_id))

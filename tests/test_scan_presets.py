@@ -1,0 +1,124 @@
+"""The Scanner against every simulated-node preset, plus discovery failures via faults."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from rbln_device_plugin.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
+from rbln_device_plugin.scan import DiscoveryError, Scanner, ScanResult
+from rbln_device_plugin.sim.layout import preset
+from rbln_device_plugin.sim.materialize import SimNode, materialize
+from rbln_device_plugin.sim.state import Fault
+
+
+@pytest.fixture
+def sim(short_tmp: Path) -> Iterator[SimNode]:
+    yield materialize(preset("rebel-sriov"), short_tmp / "node")
+
+
+def load(short_tmp: Path, name: str) -> SimNode:
+    return materialize(preset(name), short_tmp / "node")
+
+
+def scanner(node: SimNode, timeout: float = 5.0) -> Scanner:
+    return Scanner(sysfs_root=node.sysfs_root, smi_path=node.smi_path, timeout=timeout)
+
+
+def inventory(result: ScanResult) -> dict[str, list[str]]:
+    return {r: [d.device.name for d in ds] for r, ds in result.resources.items()}
+
+
+async def test_atom_max_8(short_tmp: Path) -> None:
+    node = load(short_tmp, "atom-max-8")
+    result = await scanner(node).scan()
+    assert inventory(result) == {RESOURCE_NPU: [f"rbln{i}" for i in range(32)]}
+    assert result.problems == ()
+    devices = [d.device for d in result.resources[RESOURCE_NPU]]
+    assert {d.numa for d in devices[:16]} == {0} and {d.numa for d in devices[16:]} == {1}
+    assert len({d.sid for d in devices}) == 8  # four chips per card share a SID
+    # The PCI hierarchy read back from sysfs is the one the simulator built.
+    assert [d.pci_path for d in devices] == [dev.pci_path for dev in node.layout.devices]
+    assert all(d.status.name == "READY" for d in result.resources[RESOURCE_NPU])
+
+
+async def test_rebel_4(short_tmp: Path) -> None:
+    result = await scanner(load(short_tmp, "rebel-4")).scan()
+    assert inventory(result) == {RESOURCE_NPU: ["rbln0", "rbln1", "rbln2", "rbln3"]}
+    assert {d.device.product for d in result.resources[RESOURCE_NPU]} == {"RBLN-CR13"}
+
+
+async def test_rebel_sriov(sim: SimNode) -> None:
+    result = await scanner(sim).scan()
+    assert inventory(result) == {
+        RESOURCE_NPU_VF4: ["rbln0-0", "rbln0-1", "rbln0-2", "rbln0-3"],
+        RESOURCE_NPU_VF1: ["rbln1-0"],
+        RESOURCE_NPU: ["rbln2", "rbln3"],
+    }
+    assert result.problems == ()
+    vf1 = result.resources[RESOURCE_NPU_VF1][0]
+    assert vf1.device.parent_bus_id == "0000:2a:00.0"
+    assert vf1.status.name == "UNREADABLE"  # this VF exposes no status file
+
+
+async def test_rebel_sriov_bad(short_tmp: Path) -> None:
+    with capture_logs() as logs:
+        result = await scanner(load(short_tmp, "rebel-sriov-bad")).scan()
+    assert inventory(result) == {
+        RESOURCE_NPU_VF4: ["rbln1-0", "rbln1-1", "rbln1-2", "rbln1-3"],
+        RESOURCE_NPU: ["rbln2"],
+    }
+    errors = [(e["event"], e["device"]) for e in logs if e["log_level"] == "error"]
+    assert errors == [
+        ("Skipping VF of a PF with an unsupported VF count", "rbln0-0"),
+        ("Skipping VF of a PF with an unsupported VF count", "rbln0-1"),
+    ]
+
+
+async def test_readme_example(short_tmp: Path) -> None:
+    result = await scanner(load(short_tmp, "readme-example")).scan()
+    devices = {d.device.name: d.device for d in result.resources[RESOURCE_NPU]}
+    assert sorted(devices) == [f"rbln{i}" for i in range(7)]
+    assert devices["rbln6"].pci_path is None
+    assert devices["rbln5"].pci_path == ("pci0000:80", "0000:80:01.0", "0000:81:00.0")
+
+
+async def test_status_changes_are_seen_by_the_next_scan(sim: SimNode) -> None:
+    sim.set_status("rbln2", 4)
+    sim.set_status("rbln3", "garbage")
+    result = await scanner(sim).scan()
+    statuses = {d.device.name: d.status.name for d in result.resources[RESOURCE_NPU]}
+    assert statuses == {"rbln2": "FAULT", "rbln3": "UNREADABLE"}
+
+
+async def test_failing_rbln_smi_is_a_discovery_failure(sim: SimNode) -> None:
+    sim.inject_fault(Fault("error", ("list",), exit_code=3, message="driver gone"))
+    with pytest.raises(DiscoveryError, match=r"exited with code 3 .*driver gone"):
+        await scanner(sim).scan()
+
+
+async def test_hanging_rbln_smi_is_bounded_by_the_timeout(sim: SimNode) -> None:
+    sim.inject_fault(Fault("hang", ("list",)))
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError, match="timed out"):
+        await scanner(sim, timeout=0.5).scan()
+    assert time.monotonic() - started < 4
+
+
+async def test_garbage_from_rbln_smi_is_a_discovery_failure(sim: SimNode) -> None:
+    sim.inject_fault(Fault("garbage", ("list",)))
+    with pytest.raises(DiscoveryError, match="invalid JSON"):
+        await scanner(sim).scan()
+
+
+async def test_recovers_after_the_fault_is_cleared(sim: SimNode) -> None:
+    sim.inject_fault(Fault("garbage", ("list",)))
+    scan = scanner(sim)
+    with pytest.raises(DiscoveryError):
+        await scan.scan()
+    sim.clear_faults()
+    assert (await scan.scan()).device_count == 7
