@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from rbln_device_plugin.host.smi import parse_inventory
+from rbln_device_plugin.host.sysfs import read_status
 from rbln_device_plugin.inventory import build_inventory
-from rbln_device_plugin.scan import inventory_from_output, read_statuses
+from rbln_device_plugin.scan import inventory_from_output
 from rbln_device_plugin.sim.layout import generate
 from rbln_device_plugin.sim.materialize import materialize
 
@@ -64,7 +65,10 @@ def run(sizes: tuple[int, ...] = SIZES, runs: int = RUNS) -> list[dict[str, Any]
 
             def full_scan(text: str = output, sysfs: Path = sysfs) -> None:
                 inventory = inventory_from_output(sysfs, text)
-                read_statuses(sysfs, inventory.resources)
+                # The plugins read every advertised device's status on each scan.
+                for devices in inventory.resources.values():
+                    for device in devices:
+                        read_status(sysfs, device.name)
 
             def parse_and_classify(text: str = output) -> None:
                 records, _ = parse_inventory(text)

@@ -117,12 +117,17 @@ class DaemonProcess:
             self.proc.wait(5)
 
     async def await_log(
-        self, msg: str, timeout: float = 15.0, count: int = 1, **fields: Any
+        self,
+        msg: str,
+        timeout: float = 15.0,
+        count: int = 1,
+        where: Callable[[Record], bool] = lambda _: True,
+        **fields: Any,
     ) -> list[Record]:
         """wait_for from async tests: the event loop keeps serving (e.g. the kubelet stub)."""
         import asyncio
 
-        return await asyncio.to_thread(self.wait_for, msg, timeout, count, **fields)
+        return await asyncio.to_thread(self.wait_for, msg, timeout, count, where, **fields)
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))

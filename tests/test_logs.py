@@ -119,3 +119,14 @@ def test_closed_stdout_never_raises() -> None:
     logs.install({}, stream=out)
     out.close()
     logs.get_logger().error("still fine")
+
+
+def test_exc_info_becomes_a_traceback_field() -> None:
+    out, _ = install({})
+    try:
+        raise RuntimeError("kaput")
+    except RuntimeError as exc:
+        logs.get_logger().error("Unexpected internal error; exiting", err=exc, exc_info=True)
+    (record,) = records(out)
+    assert record["err"] == "kaput"
+    assert "Traceback" in record["exception"] and "exc_info" not in record

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from rbln_device_plugin.host.sysfs import read_status
 from rbln_device_plugin.inventory import RESOURCE_NPU, RESOURCE_NPU_VF4
 from rbln_device_plugin.scan import DiscoveryError, Scanner, ScanResult
 
@@ -83,16 +84,20 @@ def node(tmp_path: Path) -> Node:
     return Node(tmp_path)
 
 
-def names(result: ScanResult) -> dict[str, list[tuple[str, str]]]:
-    return {r: [(d.device.name, d.status.name) for d in ds] for r, ds in result.resources.items()}
+def names(result: ScanResult, sysfs_root: Path) -> dict[str, list[tuple[str, str]]]:
+    """Devices per resource with the status a plugin would read for each."""
+    return {
+        r: [(d.name, read_status(sysfs_root, d.name).name) for d in ds]
+        for r, ds in result.resources.items()
+    }
 
 
 async def test_scan_reports_devices_with_status_and_facts(node: Node) -> None:
     node.add("rbln0", "0000:05:00.0")
     node.add("rbln1", "0000:06:00.0", status="4", numa="-1")
     result = await node.scanner().scan()
-    assert names(result) == {RESOURCE_NPU: [("rbln0", "READY"), ("rbln1", "FAULT")]}
-    second = result.resources[RESOURCE_NPU][1].device
+    assert names(result, node.sysfs) == {RESOURCE_NPU: [("rbln0", "READY"), ("rbln1", "FAULT")]}
+    second = result.resources[RESOURCE_NPU][1]
     assert second.numa is None
     assert second.pci_path == ("pci0000:00", "0000:00:01.0", "0000:06:00.0")
     assert result.device_count == 2
@@ -113,11 +118,11 @@ async def test_partitioned_node_advertises_vfs_and_hides_their_pf(node: Node) ->
         )
     node.add("rbln1", "0000:18:00.0", "RBLN-CR13")
     result = await node.scanner().scan()
-    assert names(result) == {
+    assert names(result, node.sysfs) == {
         RESOURCE_NPU_VF4: [(f"rbln0-{k}", "UNREADABLE") for k in range(4)],
         RESOURCE_NPU: [("rbln1", "READY")],
     }
-    assert result.resources[RESOURCE_NPU_VF4][0].device.parent_bus_id == "0000:17:00.0"
+    assert result.resources[RESOURCE_NPU_VF4][0].parent_bus_id == "0000:17:00.0"
 
 
 async def test_empty_node_has_no_resources(node: Node) -> None:
@@ -163,7 +168,7 @@ async def test_binary_is_looked_up_on_every_scan(tmp_path: Path, node: Node) -> 
         await scanner.scan()
     late.parent.mkdir()
     late.symlink_to(node.smi)
-    assert names(await scanner.scan()) == {RESOURCE_NPU: [("rbln0", "READY")]}
+    assert names(await scanner.scan(), node.sysfs) == {RESOURCE_NPU: [("rbln0", "READY")]}
 
 
 async def test_problem_is_logged_once_while_it_persists(node: Node) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from rbln_device_plugin.host.sysfs import read_status
 from rbln_device_plugin.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
 from rbln_device_plugin.scan import DiscoveryError, Scanner, ScanResult
 from rbln_device_plugin.sim.layout import preset
@@ -30,7 +31,7 @@ def scanner(node: SimNode, timeout: float = 5.0) -> Scanner:
 
 
 def inventory(result: ScanResult) -> dict[str, list[str]]:
-    return {r: [d.device.name for d in ds] for r, ds in result.resources.items()}
+    return {r: [d.name for d in ds] for r, ds in result.resources.items()}
 
 
 async def test_atom_max_8(short_tmp: Path) -> None:
@@ -38,18 +39,18 @@ async def test_atom_max_8(short_tmp: Path) -> None:
     result = await scanner(node).scan()
     assert inventory(result) == {RESOURCE_NPU: [f"rbln{i}" for i in range(32)]}
     assert result.problems == ()
-    devices = [d.device for d in result.resources[RESOURCE_NPU]]
+    devices = list(result.resources[RESOURCE_NPU])
     assert {d.numa for d in devices[:16]} == {0} and {d.numa for d in devices[16:]} == {1}
     assert len({d.sid for d in devices}) == 8  # four chips per card share a SID
     # The PCI hierarchy read back from sysfs is the one the simulator built.
     assert [d.pci_path for d in devices] == [dev.pci_path for dev in node.layout.devices]
-    assert all(d.status.name == "READY" for d in result.resources[RESOURCE_NPU])
+    assert all(read_status(node.sysfs_root, d.name).name == "READY" for d in devices)
 
 
 async def test_rebel_4(short_tmp: Path) -> None:
     result = await scanner(load(short_tmp, "rebel-4")).scan()
     assert inventory(result) == {RESOURCE_NPU: ["rbln0", "rbln1", "rbln2", "rbln3"]}
-    assert {d.device.product for d in result.resources[RESOURCE_NPU]} == {"RBLN-CR13"}
+    assert {d.product for d in result.resources[RESOURCE_NPU]} == {"RBLN-CR13"}
 
 
 async def test_rebel_sriov(sim: SimNode) -> None:
@@ -61,8 +62,8 @@ async def test_rebel_sriov(sim: SimNode) -> None:
     }
     assert result.problems == ()
     vf1 = result.resources[RESOURCE_NPU_VF1][0]
-    assert vf1.device.parent_bus_id == "0000:2a:00.0"
-    assert vf1.status.name == "UNREADABLE"  # this VF exposes no status file
+    assert vf1.parent_bus_id == "0000:2a:00.0"
+    assert read_status(sim.sysfs_root, vf1.name).name == "UNREADABLE"  # no status file
 
 
 async def test_rebel_sriov_bad(short_tmp: Path) -> None:
@@ -81,7 +82,7 @@ async def test_rebel_sriov_bad(short_tmp: Path) -> None:
 
 async def test_readme_example(short_tmp: Path) -> None:
     result = await scanner(load(short_tmp, "readme-example")).scan()
-    devices = {d.device.name: d.device for d in result.resources[RESOURCE_NPU]}
+    devices = {d.name: d for d in result.resources[RESOURCE_NPU]}
     assert sorted(devices) == [f"rbln{i}" for i in range(7)]
     assert devices["rbln6"].pci_path is None
     assert devices["rbln5"].pci_path == ("pci0000:80", "0000:80:01.0", "0000:81:00.0")
@@ -91,7 +92,9 @@ async def test_status_changes_are_seen_by_the_next_scan(sim: SimNode) -> None:
     sim.set_status("rbln2", 4)
     sim.set_status("rbln3", "garbage")
     result = await scanner(sim).scan()
-    statuses = {d.device.name: d.status.name for d in result.resources[RESOURCE_NPU]}
+    statuses = {
+        d.name: read_status(sim.sysfs_root, d.name).name for d in result.resources[RESOURCE_NPU]
+    }
     assert statuses == {"rbln2": "FAULT", "rbln3": "UNREADABLE"}
 
 

@@ -149,16 +149,16 @@ class Allocator:
                 )
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except Exception as exc:
-                log.error(
-                    "Container allocation failed", err=exc, durationMs=_ms(started), **fields
-                )
+                log.error("Container allocation failed", err=exc, durationMs=_ms(started), **fields)
                 # Raised inside the span: the span and its parent record it as an error.
                 raise AllocationError(
                     f"{self._resource}: {', '.join(ids)}: {exc}", logged=True
                 ) from exc
-        response = api_pb2.ContainerAllocateResponse(annotations=cdi.annotations())
+        response = api_pb2.ContainerAllocateResponse(annotations=cdi.container_annotations())
         response.devices.add(
-            container_path=CONTAINER_RSD_PATH, host_path=str(group.host_path), permissions=PERMISSIONS
+            container_path=CONTAINER_RSD_PATH,
+            host_path=str(group.host_path),
+            permissions=PERMISSIONS,
         )
         for device, path in zip(devices, node_paths, strict=True):
             response.devices.add(

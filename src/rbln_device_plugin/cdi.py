@@ -21,7 +21,7 @@ TRANSIENT_SPEC_PREFIX: Final = "rebellions.ai-npu_"
 log = get_logger()
 
 
-def annotations() -> dict[str, str]:
+def container_annotations() -> dict[str, str]:
     return {ANNOTATION_KEY: ANNOTATION_VALUE}
 
 

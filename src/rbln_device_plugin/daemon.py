@@ -66,12 +66,10 @@ async def _serve(config: Config) -> int:
     stop_task = asyncio.create_task(stop.wait(), name="stop-signal")
     exit_code = 0
     try:
-        done, _ = await asyncio.wait(
-            {manager_task, stop_task}, return_when=asyncio.FIRST_COMPLETED
-        )
+        done, _ = await asyncio.wait({manager_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         if manager_task in done and not stop.is_set():
-            exc = manager_task.exception()
-            log.error("Device manager stopped unexpectedly", err=exc or "returned")
+            failure = manager_task.exception()
+            log.error("Device manager stopped unexpectedly", err=failure or "returned")
             exit_code = 1
         started = time.monotonic()
         stop.set()

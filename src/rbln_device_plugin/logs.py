@@ -135,6 +135,8 @@ def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSett
         )
         processors.append(_caller_field)
     processors += [
+        # exc_info=True becomes an "exception" field holding the formatted traceback.
+        structlog.processors.format_exc_info,
         _stringify_err,
         structlog.processors.EventRenamer("msg"),
         _order_keys,
@@ -150,7 +152,9 @@ def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSett
     log = get_logger()
     for variable, rejected, fallback in settings.fallbacks:
         log.warning(
-            f"Invalid {variable}, using default", variable=variable, value=rejected,
+            f"Invalid {variable}, using default",
+            variable=variable,
+            value=rejected,
             fallback=fallback,
         )
     return settings

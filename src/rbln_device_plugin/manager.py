@@ -26,6 +26,9 @@ from rbln_device_plugin.plugin import RegistrationError, ResourcePlugin
 from rbln_device_plugin.scan import DiscoveryError, Scanner
 
 KUBELET_POLL_S: Final = 0.2
+# A kubelet restart also ends every stream; give the socket watcher time to see the new
+# kubelet.sock first, so a restart causes one registration, not two.
+STREAM_LOSS_GRACE_S: Final = 3 * KUBELET_POLL_S
 
 log = get_logger()
 
@@ -58,11 +61,7 @@ class Manager:
         next_scan = loop.time()
         try:
             while not stop.is_set():
-                self._check_kubelet_socket()
-                if self._restart_pending:
-                    self._restart_pending = False
-                    await self._stop_all()
-                    cdi.remove_transient_specs(self._config.cdi_root)
+                await self._restart_if_kubelet_restarted()
                 await self._reconcile()
                 if self.scans == 1:
                     await self._on_first_scan()
@@ -86,13 +85,13 @@ class Manager:
         try:
             result = await self._scanner.scan()
             wanted: Mapping[str, Sequence[Device]] = {
-                name: [item.device for item in devices]
-                for name, devices in result.resources.items()
-                if devices
+                name: devices for name, devices in result.resources.items() if devices
             }
         except DiscoveryError as exc:
             log.error("Device discovery failed; reporting zero devices until it recovers", err=exc)
             wanted = {}
+        # The kubelet may have restarted while rbln-smi ran: restart first, register once.
+        await self._restart_if_kubelet_restarted()
         for resource in sorted(set(self.plugins) - set(wanted)):
             plugin = self.plugins.pop(resource)
             await plugin.stop()
@@ -118,7 +117,7 @@ class Manager:
             del self.plugins[resource]
             plugin = None
         if plugin is None:
-            plugin = ResourcePlugin(resource, self._config, self._tracer, self._wake.set)
+            plugin = ResourcePlugin(resource, self._config, self._tracer, self._stream_lost)
             try:
                 await plugin.start()
             except (OSError, RuntimeError) as exc:
@@ -132,6 +131,9 @@ class Manager:
         await plugin.update(devices)
         if not plugin.registered:
             await self._register(plugin)
+
+    def _stream_lost(self) -> None:
+        asyncio.get_running_loop().call_later(STREAM_LOSS_GRACE_S, self._wake.set)
 
     async def _register(self, plugin: ResourcePlugin) -> None:
         try:
@@ -154,6 +156,13 @@ class Manager:
             await asyncio.sleep(KUBELET_POLL_S)
             if self._check_kubelet_socket():
                 self._wake.set()
+
+    async def _restart_if_kubelet_restarted(self) -> None:
+        self._check_kubelet_socket()
+        if self._restart_pending:
+            self._restart_pending = False
+            await self._stop_all()
+            cdi.remove_transient_specs(self._config.cdi_root)
 
     def _check_kubelet_socket(self) -> bool:
         """Note a new kubelet.sock; the scan loop does the restart, in one task."""

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -195,9 +196,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         try:
             while not self._stopping:
                 async with self._changed:
-                    await self._changed.wait_for(
-                        lambda: self._version != sent or self._stopping
-                    )
+                    await self._changed.wait_for(partial(self._has_news, sent))
                 if self._stopping:
                     return
                 sent = self._version
@@ -217,6 +216,9 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
                     "ListAndWatch stream ended; registering again", resourceName=self.resource
                 )
                 self._on_stream_lost()
+
+    def _has_news(self, sent: int) -> bool:
+        return self._version != sent or self._stopping
 
     async def GetPreferredAllocation(
         self,

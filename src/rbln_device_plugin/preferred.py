@@ -13,6 +13,7 @@ from rbln_device_plugin.logs import get_logger
 
 log = get_logger()
 _MAX_LOGGED_IDS = 16
+_MAX_REASON = 300
 
 
 def choose(
@@ -43,9 +44,16 @@ def choose(
         deviceIDs=result.device_ids,
         mustInclude=list(request.must_include_deviceIDs)[:_MAX_LOGGED_IDS],
         shortcut=result.shortcut,
-        score=topology.describe_score(result.score) if result.score is not None else None,
+        score=_levels(result.score),
     )
     return list(result.device_ids)
+
+
+def _levels(score: topology.Score | None) -> dict[str, int] | None:
+    """The numeric score levels, named, so an operator can see why a set won."""
+    if score is None:
+        return None
+    return {name: value for name, value in score._asdict().items() if name != "device_ids"}
 
 
 def _fallback(
@@ -58,7 +66,7 @@ def _fallback(
     fields = {
         "resourceName": resource,
         "allocationSize": size,
-        "reason": reason,
+        "reason": reason if len(reason) <= _MAX_REASON else reason[:_MAX_REASON] + "...",
         "availableCount": len(request.available_deviceIDs),
         "mustIncludeCount": len(request.must_include_deviceIDs),
     }

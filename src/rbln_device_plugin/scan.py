@@ -1,4 +1,8 @@
-"""One inventory scan: rbln-smi once, sysfs facts, classification, status reads."""
+"""One inventory scan: rbln-smi once, sysfs facts, classification.
+
+Status files are not read here: each resource plugin reads them itself, under the lock
+of its health history, so that scan and Allocate observations apply in read order.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rbln_device_plugin.health import StatusReading
 from rbln_device_plugin.host.smi import (
     DEFAULT_CANDIDATES,
     INVENTORY_TIMEOUT_S,
@@ -17,7 +20,7 @@ from rbln_device_plugin.host.smi import (
     parse_inventory,
     run_smi,
 )
-from rbln_device_plugin.host.sysfs import read_device_facts, read_status
+from rbln_device_plugin.host.sysfs import read_device_facts
 from rbln_device_plugin.inventory import Device, Inventory, Problem, classify, select_records
 from rbln_device_plugin.logs import get_logger
 
@@ -27,23 +30,15 @@ __all__ = [
     "DiscoveryError",
     "ProblemLog",
     "ScanResult",
-    "ScannedDevice",
     "Scanner",
     "inventory_from_output",
-    "read_statuses",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedDevice:
-    device: Device
-    status: StatusReading
 
 
 @dataclass(frozen=True, slots=True)
 class ScanResult:
     # Resource name -> its devices; resources without devices are absent.
-    resources: Mapping[str, tuple[ScannedDevice, ...]]
+    resources: Mapping[str, tuple[Device, ...]]
     # Everything excluded this scan (already logged by the Scanner when new).
     problems: tuple[Problem, ...] = ()
     duration_ms: float = 0.0
@@ -61,15 +56,6 @@ def inventory_from_output(sysfs_root: Path, text: str) -> Inventory:
     inventory = classify(kept, facts)
     problems = (*parse_problems, *select_problems, *inventory.problems)
     return Inventory(inventory.resources, problems)
-
-
-def read_statuses(
-    sysfs_root: Path, resources: Mapping[str, Sequence[Device]]
-) -> dict[str, tuple[ScannedDevice, ...]]:
-    return {
-        resource: tuple(ScannedDevice(d, read_status(sysfs_root, d.name)) for d in devices)
-        for resource, devices in resources.items()
-    }
 
 
 class ProblemLog:
@@ -128,7 +114,7 @@ class Scanner:
         inventory = inventory_from_output(self.sysfs_root, text)
         self.problems.update(inventory.problems)
         return ScanResult(
-            resources=read_statuses(self.sysfs_root, inventory.resources),
+            resources=inventory.resources,
             problems=inventory.problems,
             duration_ms=round((time.monotonic() - started) * 1000, 3),
         )

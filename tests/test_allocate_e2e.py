@@ -1,0 +1,232 @@
+"""Allocate end to end: final status check, RSD groups, device specs, CDI annotation."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rbln_device_plugin.sim import runtime
+from rbln_device_plugin.sim.state import Fault
+
+from .simnode import Harness, running
+
+NPU = "rebellions.ai/npu"
+VF4 = "rebellions.ai/npu-vf4"
+VF1 = "rebellions.ai/npu-vf1"
+ANNOTATION = {"cdi.k8s.io/rebellions.ai_npu": "rebellions.ai/npu=runtime"}
+
+
+def specs(response: object) -> list[tuple[str, str, str]]:
+    return [
+        (d.container_path, d.host_path, d.permissions)
+        for d in response.devices  # type: ignore[attr-defined]
+    ]
+
+
+def groups(h: Harness) -> dict[str, list[str]]:
+    """Non-default RSD groups: group id -> bus IDs."""
+    return {gid: sorted(bus) for gid, bus in runtime.groups(h.node).items() if gid != "0"}
+
+
+async def rejected(h: Harness, resource: str, containers: list[list[str]]) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await h.kubelet.allocate(resource, containers)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return caught.value.details() or ""
+
+
+async def test_single_container_pf_allocation() -> None:
+    async with running("atom-max-8") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 32)
+        response = await h.kubelet.allocate(NPU, [["rbln2", "rbln0"]])
+        (container,) = response.container_responses
+        dev = h.node.dev_root
+        assert specs(container) == [
+            ("/dev/rsd0", str(dev / "rsd1"), "rw"),
+            ("/dev/rbln2", str(dev / "rbln2"), "rw"),
+            ("/dev/rbln0", str(dev / "rbln0"), "rw"),
+        ]
+        assert dict(container.annotations) == ANNOTATION
+        assert (dev / "rsd1").exists()
+        layout = h.node.layout
+        assert groups(h) == {"1": sorted([layout.device(n).bus_id for n in ("rbln0", "rbln2")])}
+        assert not list(h.node.cdi_root.glob("*")), "no CDI spec is written"
+        (done,) = await h.daemon.await_log("Completed container allocation")
+        assert done["deviceIDs"] == ["rbln2", "rbln0"]
+        assert done["busIDs"] == sorted(done["busIDs"])
+        assert done["hostRsdPath"] == str(dev / "rsd1")
+        assert done["durationMs"] >= 0
+        assert h.daemon.find("Starting container allocation", deviceIDs=["rbln2", "rbln0"])
+        (recreated,) = await h.daemon.await_log("Recreated RSD group")
+        assert recreated["level"] == "debug"
+
+
+async def test_multi_container_request_gets_one_group_each() -> None:
+    async with running("atom-max-8") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 32)
+        response = await h.kubelet.allocate(NPU, [["rbln0", "rbln1"], ["rbln8"]])
+        first, second = response.container_responses
+        assert specs(first)[0][1] != specs(second)[0][1]
+        assert len(groups(h)) == 2
+
+
+async def test_reallocating_a_device_replaces_its_old_group() -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        await h.kubelet.allocate(NPU, [["rbln0", "rbln1"]])
+        await h.kubelet.allocate(NPU, [["rbln1"]])
+        bus = {n: h.node.layout.device(n).bus_id for n in ("rbln0", "rbln1")}
+        assert groups(h) == {"1": [bus["rbln1"]]}
+
+
+async def test_vf_allocation_creates_a_group_with_vf_nodes() -> None:
+    async with running("rebel-sriov") as h:
+        await h.kubelet.wait_for(VF4, lambda v: len(v.devices) == 4)
+        response = await h.kubelet.allocate(VF4, [["rbln0-1", "rbln0-0"]])
+        (container,) = response.container_responses
+        dev = h.node.dev_root
+        assert specs(container)[0] == ("/dev/rsd0", str(dev / "rsd1"), "rw")
+        assert specs(container)[1:] == [
+            ("/dev/rbln0-1", str(dev / "rbln0-1"), "rw"),
+            ("/dev/rbln0-0", str(dev / "rbln0-0"), "rw"),
+        ]
+        assert dict(container.annotations) == ANNOTATION
+        await h.kubelet.wait_for(VF1, lambda v: len(v.devices) == 1)
+        response = await h.kubelet.allocate(VF1, [["rbln1-0"]])
+        assert specs(response.container_responses[0])[0][1] == str(dev / "rsd2")
+
+
+@pytest.mark.parametrize(
+    ("containers", "expected"),
+    [([["rbln99"]], "rbln99"),
+     ([["../../etc/passwd"]], "../../etc/passwd"),
+     ([[]], "no devices"),
+     ([], "no containers"),
+     ([["rbln0", "rbln0"]], "more than once"),
+     ([["rbln0"], ["rbln1", "x" * 5000]], "xxx...")],
+)  # fmt: skip
+async def test_bad_requests_are_rejected_without_touching_the_node(
+    containers: list[list[str]], expected: str
+) -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        message = await rejected(h, NPU, containers)
+        assert expected in message and NPU in message
+        assert len(message) < 2000
+        assert groups(h) == {}
+        (failed,) = await h.daemon.await_log("Container allocation failed")
+        assert failed["level"] == "error" and failed["err"] and "durationMs" in failed
+
+
+async def test_unhealthy_device_is_rejected_by_the_final_check() -> None:
+    async with running("rebel-4", interval="1h") as h:  # no scan sees the fault
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        h.node.set_status("rbln3", 4)
+        message = await rejected(h, NPU, [["rbln2", "rbln3"]])
+        assert "rbln3 is FAULT" in message
+        assert groups(h) == {}
+        # The read fed the history: an unreadable status now keeps rbln3 Unhealthy.
+        h.node.set_status("rbln3", None)
+        message = await rejected(h, NPU, [["rbln3"]])
+        assert "rbln3 is UNREADABLE (last read FAULT)" in message
+        h.node.set_status("rbln3", 0)
+        response = await h.kubelet.allocate(NPU, [["rbln3"]])
+        assert len(response.container_responses) == 1
+
+
+async def test_repeated_id_across_containers_is_read_once() -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        response = await h.kubelet.allocate(NPU, [["rbln0"], ["rbln0"]])
+        assert len(response.container_responses) == 2
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [(Fault("error", commands=("group-create",)), "exit"),
+     (Fault("garbage", commands=("list-groups",)), "JSON"),
+     (Fault("hang", commands=("group-delete",)), "timed out")],
+)  # fmt: skip
+async def test_rbln_smi_failures_fail_the_request_and_the_daemon_serves_on(
+    fault: Fault, expected: str
+) -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        await h.kubelet.allocate(NPU, [["rbln0"]])  # a group to delete next time
+        h.node.inject_fault(fault)
+        message = await rejected(h, NPU, [["rbln0"]])
+        assert expected.lower() in message.lower()
+        h.node.clear_faults()
+        response = await h.kubelet.allocate(NPU, [["rbln1"]])
+        assert len(response.container_responses) == 1
+        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], [], 1)
+        _assert_lock_free(h.node.rsd_lock_path)
+
+
+async def test_missing_rsd_node_fails_after_polling() -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        runtime.set_create_rsd_nodes(h.node, False)
+        message = await rejected(h, NPU, [["rbln0"]])
+        assert "rsd1" in message
+        _assert_lock_free(h.node.rsd_lock_path)
+
+
+async def test_lock_held_elsewhere_times_out_cleanly() -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        h.node.rsd_lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(h.node.rsd_lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            message = await rejected(h, NPU, [["rbln0"]])
+            assert "lock" in message.lower()
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        response = await h.kubelet.allocate(NPU, [["rbln0"]])
+        assert len(response.container_responses) == 1
+
+
+async def test_other_resources_answer_while_an_allocate_waits() -> None:
+    async with running("rebel-sriov") as h:
+        await h.kubelet.wait_for(VF4, lambda v: len(v.devices) == 4)
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 2)
+        h.node.inject_fault(Fault("slow", commands=("group-create",), delay=2.0))
+        slow = asyncio.create_task(h.kubelet.allocate(VF4, [["rbln0-0"]]))
+        await asyncio.sleep(0.5)
+        answer = await asyncio.wait_for(h.kubelet.preferred(NPU, ["rbln2", "rbln3"], [], 1), 1.5)
+        assert answer == ["rbln2"]
+        assert not slow.done()
+        await slow
+
+
+async def test_concurrent_allocates_across_resources_all_succeed() -> None:
+    async with running("rebel-sriov") as h:
+        for resource, count in ((VF4, 4), (VF1, 1), (NPU, 2)):
+            await h.kubelet.wait_for(resource, lambda v, c=count: len(v.devices) == c)
+        requests = [(VF4, [f"rbln0-{k}"]) for k in range(4)]
+        requests += [(VF1, ["rbln1-0"]), (NPU, ["rbln2"]), (NPU, ["rbln3"])]
+        responses = await asyncio.gather(*(h.kubelet.allocate(r, [ids]) for r, ids in requests))
+        rsd_paths = [specs(resp.container_responses[0])[0][1] for resp in responses]
+        assert len(set(rsd_paths)) == len(requests)
+        final = groups(h)
+        assert len(final) == len(requests)
+        assert sorted(len(bus) for bus in final.values()) == [1] * len(requests)
+        for path in rsd_paths:
+            assert Path(path).exists()
+        _assert_lock_free(h.node.rsd_lock_path)
+
+
+def _assert_lock_free(path: Path) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if anyone still holds it
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

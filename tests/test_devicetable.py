@@ -1,0 +1,96 @@
+"""A plugin's device table: changes between scans and the shared health history."""
+
+from __future__ import annotations
+
+from rbln_device_plugin.devicetable import DeviceTable
+from rbln_device_plugin.health import Health, StatusReading
+from rbln_device_plugin.inventory import Device
+
+
+def dev(name: str, numa: int | None = 0) -> Device:
+    return Device(name, "RBLN-CA25", "1250", f"0000:0{name[-1]}:00.0", numa, "1", None, None)
+
+
+def reader(statuses: dict[str, int | None]):  # type: ignore[no-untyped-def]
+    return lambda d: StatusReading(statuses.get(d.name))
+
+
+def test_first_scan_reports_every_device_as_appeared() -> None:
+    table = DeviceTable()
+    changes = table.apply_scan([dev("rbln0"), dev("rbln1")], reader({"rbln0": 0, "rbln1": 4}))
+    assert [(c.kind, c.entry.device.name) for c in changes] == [
+        ("appeared", "rbln0"),
+        ("appeared", "rbln1"),
+    ]
+    counts = table.counts()
+    assert (counts.devices, counts.healthy, counts.unhealthy) == (2, 1, 1)
+
+
+def test_unchanged_scan_reports_nothing_and_view_is_stable() -> None:
+    table = DeviceTable()
+    table.apply_scan([dev("rbln0")], reader({"rbln0": 0}))
+    view = table.kubelet_view()
+    assert table.apply_scan([dev("rbln0")], reader({"rbln0": 0})) == []
+    assert table.kubelet_view() == view == (("rbln0", "Healthy", 0),)
+
+
+def test_state_change_carries_previous_verdict() -> None:
+    table = DeviceTable()
+    table.apply_scan([dev("rbln0")], reader({"rbln0": 0}))
+    (change,) = table.apply_scan([dev("rbln0")], reader({"rbln0": 1}))
+    assert change.kind == "changed"
+    assert change.previous is not None and change.previous.status == "READY"
+    assert (change.entry.verdict.health, change.entry.verdict.status) == (
+        Health.UNHEALTHY,
+        "BUSY",
+    )
+
+
+def test_unreadable_after_fault_stays_unhealthy_and_is_not_a_recovery() -> None:
+    table = DeviceTable()
+    table.apply_scan([dev("rbln0")], reader({"rbln0": 4}))
+    (change,) = table.apply_scan([dev("rbln0")], reader({"rbln0": None}))
+    assert change.entry.verdict.health is Health.UNHEALTHY
+    assert change.entry.verdict.describe() == "UNREADABLE (last read FAULT)"
+
+
+def test_disappeared_device_keeps_history_in_the_same_table() -> None:
+    table = DeviceTable()
+    table.apply_scan([dev("rbln0")], reader({"rbln0": 4}))
+    (gone,) = table.apply_scan([], reader({}))
+    assert gone.kind == "disappeared"
+    (back,) = table.apply_scan([dev("rbln0")], reader({"rbln0": None}))
+    assert back.kind == "appeared" and back.entry.verdict.health is Health.UNHEALTHY
+
+
+def test_a_new_table_starts_with_empty_history() -> None:
+    old = DeviceTable()
+    old.apply_scan([dev("rbln0")], reader({"rbln0": 4}))
+    fresh = DeviceTable()
+    fresh.apply_scan([dev("rbln0")], reader({"rbln0": None}))
+    assert fresh.entries["rbln0"].verdict.health is Health.HEALTHY
+
+
+def test_final_check_reads_each_distinct_device_once_and_feeds_history() -> None:
+    table = DeviceTable()
+    table.apply_scan([dev("rbln0"), dev("rbln1")], reader({"rbln0": 0, "rbln1": 0}))
+    reads: list[str] = []
+
+    def counting(d: Device) -> StatusReading:
+        reads.append(d.name)
+        return StatusReading(4 if d.name == "rbln1" else 0)
+
+    verdicts = table.final_check(["rbln0", "rbln1", "rbln0", "rbln1"], counting)
+    assert reads == ["rbln0", "rbln1"]
+    assert verdicts["rbln1"].health is Health.UNHEALTHY
+    # The published set is unchanged until the next scan ...
+    assert table.entries["rbln1"].verdict.health is Health.HEALTHY
+    # ... but the history now keeps rbln1 Unhealthy when its status becomes unreadable.
+    table.apply_scan([dev("rbln0"), dev("rbln1")], reader({"rbln0": 0, "rbln1": None}))
+    assert table.entries["rbln1"].verdict.health is Health.UNHEALTHY
+
+
+def test_unknown_numa_is_not_reported_to_kubelet() -> None:
+    table = DeviceTable()
+    table.apply_scan([dev("rbln0", numa=None)], reader({"rbln0": 0}))
+    assert table.kubelet_view() == (("rbln0", "Healthy", None),)

@@ -1,0 +1,205 @@
+"""Allocation traces through a real OTLP/gRPC receiver; tracing stays best effort."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin.tracing import EndpointError, parse_endpoint
+
+from .simnode import running
+
+NPU = "rebellions.ai/npu"
+ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, hang: bool = False) -> None:
+        self.requests: list[Any] = []
+        self.hang = hang
+        self.changed = asyncio.Event()
+
+    async def Export(self, request: Any, context: Any) -> Any:
+        if self.hang:
+            await asyncio.sleep(3600)
+        self.requests.append(request)
+        self.changed.set()
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list[tuple[dict[str, Any], Any]]:
+        out = []
+        for request in self.requests:
+            for resource_spans in request.resource_spans:
+                resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+                for scope in resource_spans.scope_spans:
+                    out.extend((resource, span) for span in scope.spans)
+        return out
+
+    async def wait_spans(self, count: int, timeout: float = 10) -> list[tuple[dict[str, Any], Any]]:
+        async with asyncio.timeout(timeout):
+            while len(self.spans()) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.spans()
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind)
+
+
+def attrs(span: Any) -> dict[str, Any]:
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
+@asynccontextmanager
+async def receiver(hang: bool = False) -> AsyncIterator[tuple[Receiver, int]]:
+    servicer = Receiver(hang)
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield servicer, port
+    finally:
+        await server.stop(0)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("raw", "target", "insecure"),
+    [("collector:4317", "collector:4317", True),
+     ("10.0.0.1:4317", "10.0.0.1:4317", True),
+     ("https://collector:4317", "https://collector:4317", False),
+     ("http://collector:4317", "http://collector:4317", True)],
+)  # fmt: skip
+def test_endpoint_forms(raw: str, target: str, insecure: bool) -> None:
+    endpoint = parse_endpoint(raw)
+    assert (endpoint.target, endpoint.insecure) == (target, insecure)
+
+
+@pytest.mark.parametrize("raw", ["collector", "http://", "ftp://x:1", "host:99999", "a b:1", ":1"])
+def test_malformed_endpoints_are_rejected(raw: str) -> None:
+    with pytest.raises(EndpointError):
+        parse_endpoint(raw)
+
+
+async def test_allocate_spans_reach_the_collector_with_attributes_and_resource() -> None:
+    async with (
+        receiver() as (collector, port),
+        running(
+            "atom-max-8", extra_args=["--otlp-endpoint", f"127.0.0.1:{port}",
+                                      "--node-name", "node-a"]
+        ) as h,
+    ):  # fmt: skip
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 32)
+        (enabled,) = await h.daemon.await_log("Distributed tracing enabled")
+        assert enabled["endpoint"] == f"127.0.0.1:{port}"
+        await h.kubelet.allocate(NPU, [["rbln1", "rbln0"], ["rbln4"]])
+        spans = await collector.wait_spans(3)
+        by_name: dict[str, list[Any]] = {}
+        for resource, span in spans:
+            assert resource["service.name"] == "rbln-device-plugin"
+            assert resource["k8s.node.name"] == "node-a"
+            assert resource["service.version"]
+            by_name.setdefault(span.name, []).append(span)
+        (parent,) = by_name["Allocate"]
+        children = by_name["allocateContainer"]
+        assert len(children) == 2
+        assert all(c.parent_span_id == parent.span_id for c in children)
+        assert all(c.trace_id == parent.trace_id for c in children)
+        first = attrs(children[0])
+        assert first["rbln.resource_name"] == NPU
+        assert first["rbln.device.ids"] == ["rbln1", "rbln0"]
+        assert first["rbln.device.count"] == 2
+        layout = h.node.layout
+        assert first["rbln.device.bus_ids"] == sorted(
+            [layout.device("rbln0").bus_id, layout.device("rbln1").bus_id]
+        )
+        assert first["rbln.rsd.host_path"].startswith(str(h.node.dev_root / "rsd"))
+        assert parent.status.code != ERROR
+
+
+async def test_failed_allocations_produce_error_spans() -> None:
+    async with (
+        receiver() as (collector, port),
+        running("rebel-4", extra_args=["--otlp-endpoint", f"127.0.0.1:{port}"]) as h,
+    ):
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        h.node.inject_fault(Fault("error", commands=("group-create",)))
+        with pytest.raises(grpc.aio.AioRpcError):
+            await h.kubelet.allocate(NPU, [["rbln0"]])
+        spans = await collector.wait_spans(2)
+        by_name = {span.name: span for _, span in spans}
+        for name in ("Allocate", "allocateContainer"):
+            assert by_name[name].status.code == ERROR, name
+            assert any(event.name == "exception" for event in by_name[name].events), name
+
+
+async def test_malformed_endpoint_keeps_allocations_working() -> None:
+    async with running("rebel-4", extra_args=["--otlp-endpoint", "http://"]) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        (failed,) = await h.daemon.await_log(
+            "Tracing setup failed; continuing without distributed tracing"
+        )
+        assert failed["level"] == "warn" and failed["err"]
+        response = await h.kubelet.allocate(NPU, [["rbln0"]])
+        assert response.container_responses[0].devices[0].container_path == "/dev/rsd0"
+        code = await asyncio.to_thread(h.daemon.stop, timeout=6)
+        assert code == 0
+
+
+@pytest.mark.parametrize("mode", ["unreachable", "hanging"])
+async def test_broken_collector_never_delays_allocations_or_shutdown(mode: str) -> None:
+    async with receiver(hang=True) as (_, hanging_port):
+        port = free_port() if mode == "unreachable" else hanging_port
+        async with running("rebel-4", extra_args=["--otlp-endpoint", f"127.0.0.1:{port}"]) as h:
+            await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+            for index in range(6):
+                # An export blocked for its full 5 s timeout would trip this 4 s deadline.
+                response = await asyncio.wait_for(
+                    h.kubelet.allocate(NPU, [[f"rbln{index % 4}"]]), 4
+                )
+                assert len(response.container_responses) == 1
+                await asyncio.sleep(0.3)
+            durations = [r["durationMs"] for r in h.daemon.find("Completed container allocation")]
+            print(f"{mode} collector: allocation durations (ms): {durations}")
+            code = await asyncio.to_thread(h.daemon.stop, timeout=6)
+            assert code == 0
+            otel = [r for r in h.daemon.records if r.get("component") == "otel"]
+            assert all(r["level"] in ("warn", "debug") for r in otel)
+            assert len([r for r in otel if r["level"] == "warn"]) <= 5
+
+
+async def test_disabled_tracing_logs_once_and_starts_no_exporter() -> None:
+    async with running("rebel-4", level="info") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        records = h.daemon.find("Distributed tracing disabled; no OTLP endpoint configured")
+        assert len(records) == 1
+        threads = await asyncio.to_thread(_thread_names, h.daemon.proc.pid)
+        assert not any("OtelBatch" in name or "otel" in name.lower() for name in threads)
+
+
+def _thread_names(pid: int) -> list[str]:
+    import os
+
+    names = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+            names.append(comm.read().strip())
+    return names
