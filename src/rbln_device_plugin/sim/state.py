@@ -1,0 +1,159 @@
+"""The fake rbln-smi's state file: device records, RSD groups and injected faults.
+
+Every reader and writer holds an flock on a sidecar lock file, so concurrent ``rbln-smi``
+invocations and runtime changes from tests never lose an update. Writes go through a
+temporary file and a rename, so even an unlocked reader never sees half a file.
+
+Stdlib only: this module is imported by every fake ``rbln-smi`` process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+# The four things rbln-smi is asked to do; faults can target any subset of them.
+COMMANDS: Final = ("list", "list-groups", "group-create", "group-delete")
+FAULT_MODES: Final = ("error", "hang", "garbage", "slow")
+HANG_SECONDS: Final = 3600.0
+GARBAGE: Final = "rbln-smi: \x1b[31m<<garbled output>>\x1b[0m {not json\n"
+
+
+class StateError(Exception):
+    """The state file is missing or not what the simulator wrote."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """How the next matching rbln-smi invocations misbehave."""
+
+    mode: str  # one of FAULT_MODES
+    commands: tuple[str, ...] = ()  # empty: every command
+    delay: float = 0.0  # "slow": seconds to wait before answering
+    exit_code: int = 1  # "error"
+    message: str = "rbln-smi: injected failure"  # "error": text on stderr
+    remaining: int | None = None  # invocations left; None: until cleared
+
+    def __post_init__(self) -> None:
+        if self.mode not in FAULT_MODES:
+            raise StateError(f"unknown fault mode {self.mode!r}; choose from {FAULT_MODES}")
+        bad = [c for c in self.commands if c not in COMMANDS]
+        if bad:
+            raise StateError(f"unknown rbln-smi command(s) {bad}; choose from {COMMANDS}")
+        if self.delay < 0 or (self.remaining is not None and self.remaining < 1):
+            raise StateError("delay must be >= 0 and remaining >= 1")
+
+    def matches(self, command: str) -> bool:
+        return not self.commands or command in self.commands
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["commands"] = list(self.commands)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Fault:
+        values = dict(data)
+        values["commands"] = tuple(values.get("commands", ()))
+        return cls(**values)
+
+
+@dataclass(slots=True)
+class SmiState:
+    kmd_version: str
+    dev_root: str  # where `group -c` creates rsd<G> nodes
+    # Full records as `rbln-smi -g -j` prints them, in listing order.
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "KMD_version": self.kmd_version,
+            "dev_root": self.dev_root,
+            "devices": self.devices,
+            "faults": [f.to_dict() for f in self.faults],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SmiState:
+        try:
+            return cls(
+                kmd_version=str(data["KMD_version"]),
+                dev_root=str(data["dev_root"]),
+                devices=list(data["devices"]),
+                faults=[Fault.from_dict(f) for f in data.get("faults", [])],
+            )
+        except (KeyError, TypeError, StateError) as exc:
+            raise StateError(f"state file is not a simulator state: {exc}") from exc
+
+    def groups(self) -> dict[str, list[str]]:
+        """Group id -> device names, group "0" (the default) included."""
+        out: dict[str, list[str]] = {}
+        for rec in self.devices:
+            out.setdefault(str(rec.get("group_id", "0")), []).append(str(rec["device"]))
+        return out
+
+    def take_fault(self, command: str) -> Fault | None:
+        """The first fault matching ``command``, consuming one of its uses."""
+        for index, fault in enumerate(self.faults):
+            if not fault.matches(command):
+                continue
+            if fault.remaining is not None:
+                if fault.remaining <= 1:
+                    del self.faults[index]
+                else:
+                    self.faults[index] = replace(fault, remaining=fault.remaining - 1)
+            return fault
+        return None
+
+
+class StateStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock_path = path.with_name(path.name + ".lock")
+
+    @contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _load(self) -> SmiState:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise StateError(f"cannot read state file {self.path}: {exc}") from exc
+        try:
+            return SmiState.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise StateError(f"state file {self.path} is not JSON: {exc}") from exc
+
+    def _save(self, state: SmiState) -> None:
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state.to_dict(), indent=1), encoding="utf-8")
+        tmp.replace(self.path)
+
+    def read(self) -> SmiState:
+        with self._locked(exclusive=False):
+            return self._load()
+
+    @contextmanager
+    def transaction(self) -> Iterator[SmiState]:
+        """Load under an exclusive lock; save on a clean exit, discard on an exception."""
+        with self._locked(exclusive=True):
+            state = self._load()
+            yield state
+            self._save(state)
+
+    def create(self, state: SmiState) -> None:
+        with self._locked(exclusive=True):
+            self._save(state)

@@ -1,0 +1,183 @@
+"""The fake rbln-smi, run as a real subprocess against a materialised node."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rbln_device_plugin.sim.layout import preset
+from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
+from rbln_device_plugin.sim.state import Fault, StateError
+
+
+@pytest.fixture
+def node() -> Iterator[SimNode]:
+    root = short_tempdir("rbln-t-")
+    yield materialize(preset("atom-max-8"), root / "n")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def smi(node: SimNode, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(node.smi_path), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def listing(node: SimNode, *args: str) -> dict[str, Any]:
+    result = smi(node, *args)
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def group_of(node: SimNode) -> dict[str, str]:
+    return {d["device"]: d["group_id"] for d in listing(node, "-g", "-j")["devices"]}
+
+
+def test_list_has_the_documented_schema(node: SimNode) -> None:
+    data = listing(node, "-j")
+    assert isinstance(data["KMD_version"], str)
+    assert len(data["devices"]) == 32
+    first = data["devices"][0]
+    assert first["npu"] == 0 and first["device"] == "rbln0" and first["name"] == "RBLN-CA25"
+    assert "group_id" not in first
+    assert first["pci"]["dev"] == "1250" and first["pci"]["bus_id"] == "0000:03:00.0"
+    # Every number is a string except npu.
+    for dev in data["devices"]:
+        for key in ("sid", "uuid", "status", "fw_ver"):
+            assert isinstance(dev[key], str)
+        assert all(isinstance(v, str) for v in dev["pci"].values())
+        assert all(isinstance(v, str) for v in dev["memory"].values())
+        assert isinstance(dev["npu"], int)
+
+
+def test_group_listing_starts_everything_in_the_default_group(node: SimNode) -> None:
+    assert set(group_of(node).values()) == {"0"}
+    assert (node.dev_root / "rsd0").exists()
+
+
+def test_group_create_and_destroy_change_listing_and_dev_nodes(node: SimNode) -> None:
+    created = smi(node, "group", "-c", "3", "-a", "4,5,6,7")
+    assert created.returncode == 0, created.stderr
+    groups = group_of(node)
+    assert [groups[f"rbln{i}"] for i in range(3, 9)] == ["0", "3", "3", "3", "3", "0"]
+    assert (node.dev_root / "rsd3").exists()
+    smi(node, "group", "-c", "1", "-a", "0")
+    destroyed = smi(node, "group", "-d", "3,1")
+    assert destroyed.returncode == 0, destroyed.stderr
+    assert set(group_of(node).values()) == {"0"}
+    assert not (node.dev_root / "rsd3").exists() and not (node.dev_root / "rsd1").exists()
+    assert (node.dev_root / "rsd0").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["group", "-c", "4", "-a", "9,99"], "npu 99 not found"),
+        (["group", "-c", "2", "-a", "0"], "already belongs to group 1"),
+        (["group", "-c", "1", "-a", "9"], "group 1 already exists"),
+        (["group", "-c", "0", "-a", "9"], "default group"),
+        (["group", "-c", "x", "-a", "9"], "invalid group id"),
+        (["group", "-c", "5", "-a", "9,9"], "duplicate npu"),
+        (["group", "-d", "7"], "group 7 does not exist"),
+        (["group", "-d", "0"], "default group"),
+        (["--topo"], "unknown arguments"),
+        ([], "unknown arguments"),
+        (["-j", "-x"], "unknown arguments"),
+        (["group", "-c", "5"], "unknown arguments"),
+    ],
+)
+def test_refuses_what_the_real_tool_refuses(node: SimNode, args: list[str], message: str) -> None:
+    assert smi(node, "group", "-c", "1", "-a", "0,1").returncode == 0
+    before = node.store.read().devices
+    result = smi(node, *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert result.stdout == ""
+    assert node.store.read().devices == before  # a refusal changes nothing
+
+
+def test_concurrent_group_creations_lose_no_update(node: SimNode) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        results = list(
+            pool.map(
+                lambda g: smi(node, "group", "-c", str(g + 1), "-a", f"{4 * g},{4 * g + 1}"),
+                range(8),
+            )
+        )
+    assert [r.returncode for r in results] == [0] * 8
+    groups = group_of(node)
+    assert {groups[f"rbln{4 * g + 1}"] for g in range(8)} == {str(g + 1) for g in range(8)}
+    assert sorted(p.name for p in node.dev_root.glob("rsd*")) == sorted(
+        ["rsd0", *(f"rsd{g + 1}" for g in range(8))]
+    )
+
+
+def test_injected_error_only_hits_the_chosen_command(node: SimNode) -> None:
+    node.inject_fault(Fault("error", ("group-create",), exit_code=7, message="device busy"))
+    failed = smi(node, "group", "-c", "1", "-a", "0")
+    assert (failed.returncode, failed.stderr.strip()) == (7, "device busy")
+    assert len(listing(node, "-j")["devices"]) == 32
+    assert set(group_of(node).values()) == {"0"}  # the failed create did nothing
+    node.clear_faults()
+    assert smi(node, "group", "-c", "1", "-a", "0").returncode == 0
+
+
+def test_garbage_and_limited_faults(node: SimNode) -> None:
+    node.inject_fault(Fault("garbage", ("list",), remaining=2))
+    for _ in range(2):
+        result = smi(node, "-j")
+        assert result.returncode == 0
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(result.stdout)
+    assert len(listing(node, "-j")["devices"]) == 32  # the third call is clean again
+
+
+def test_hang_and_slow_answers_outlast_a_caller_timeout(node: SimNode) -> None:
+    node.inject_fault(Fault("hang", ("list",)))
+    with pytest.raises(subprocess.TimeoutExpired):
+        smi(node, "-j", timeout=0.5)
+    node.clear_faults()
+    node.inject_fault(Fault("slow", delay=30))
+    with pytest.raises(subprocess.TimeoutExpired):
+        smi(node, "-g", "-j", timeout=0.5)
+    node.clear_faults()
+    node.inject_fault(Fault("slow", delay=0.2))
+    assert len(listing(node, "-j")["devices"]) == 32  # slow, but a full answer
+
+
+def test_bad_fault_specs_and_broken_state_are_clear_errors(node: SimNode) -> None:
+    with pytest.raises(StateError, match="unknown fault mode"):
+        Fault("explode")
+    with pytest.raises(StateError, match="unknown rbln-smi command"):
+        Fault("error", ("topo",))
+    node.state_path.write_text("{broken")
+    result = smi(node, "-j")
+    assert result.returncode != 0 and "not JSON" in result.stderr
+
+
+def test_unlisted_devices_stay_out_of_the_listing() -> None:
+    root = short_tempdir("rbln-t-")
+    try:
+        node = materialize(preset("rebel-sriov"), root / "n")
+        names = [d["device"] for d in listing(node, "-j")["devices"]]
+        assert "rbln0" not in names and "rbln1" in names
+        assert names[:4] == ["rbln0-0", "rbln0-1", "rbln0-2", "rbln0-3"]
+        vf = listing(node, "-j")["devices"][0]
+        assert vf["pci"]["dev"] == "2131" and vf["pci"]["bus_id"] == "0000:17:00.1"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_tool_still_runs_after_the_node_moves_its_cwd(node: SimNode, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(node.smi_path), "-j"], capture_output=True, text=True, cwd=tmp_path, check=False
+    )
+    assert result.returncode == 0 and json.loads(result.stdout)["devices"]
