@@ -184,22 +184,25 @@ async def test_kubelet_restarts_twenty_times_without_leaks() -> None:
             await h.kubelet.wait_for(resource, lambda v: len(v.devices) > 0)
         await asyncio.sleep(0.5)
         fds_before = h.daemon.open_fds()
+        (baseline,) = await h.daemon.await_log(
+            "Reconciled device inventory", where=lambda r: r["streams"] == 3
+        )
         for generation in range(2, 22):
             await h.kubelet.restart()
             for resource in (NPU, VF1, VF4):
                 await h.kubelet.wait_for(
                     resource, lambda v, g=generation: v.generation >= g and v.messages > 0, 5
                 )
-        await h.daemon.await_log("Detected kubelet socket recreation; restarting device plugins",
-                                 count=20)  # fmt: skip
+        restarts = await h.daemon.await_log(
+            "Detected kubelet socket recreation; restarting device plugins", count=20
+        )
+        assert len(restarts) == 20
         await asyncio.sleep(3)  # let the last replaced servers finish their grace period
         assert h.daemon.open_fds() <= fds_before + 2
         assert len(h.sockets()) == 4
-        tasks = [
-            r["tasks"] for r in h.daemon.records if r.get("msg") == "Reconciled device inventory"
-        ]
-        # Transient RPC tasks come and go; a leak shows as a floor that keeps rising.
-        assert min(tasks[-2:]) <= max(tasks[:5]), tasks
+        last = h.daemon.find("Reconciled device inventory")[-1]
+        assert last["streams"] == 3  # one ListAndWatch stream per resource, none left over
+        assert last["tasks"] <= baseline["tasks"], (baseline, last)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])

@@ -3,15 +3,15 @@
 It scans at start and then on a fixed schedule (no drift, no overlap), starts, updates
 and stops plugins to match each snapshot, registers them with the kubelet, re-registers
 after a dropped stream, and restarts everything when the kubelet recreates its socket.
-Kubelet restarts are noticed by polling the inode of ``kubelet.sock`` every 200 ms: one
-``stat`` call, portable to every hostPath mount, unlike inotify.
+Kubelet restarts are noticed by polling the identity (inode and change time) of
+``kubelet.sock`` every 200 ms: one ``stat`` call, which works on every hostPath mount and
+needs no inotify watch limits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
@@ -22,7 +22,7 @@ from rbln_device_plugin import cdi
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.inventory import Device
 from rbln_device_plugin.logs import get_logger
-from rbln_device_plugin.plugin import RegistrationError, ResourcePlugin
+from rbln_device_plugin.plugin import RegistrationError, ResourcePlugin, file_identity
 from rbln_device_plugin.scan import DiscoveryError, Scanner
 
 KUBELET_POLL_S: Final = 0.2
@@ -48,13 +48,13 @@ class Manager:
         self._kubelet_socket = config.kubelet_dir / "kubelet.sock"
         self.plugins: dict[str, ResourcePlugin] = {}
         self._wake = asyncio.Event()
-        self._kubelet_inode: int | None = None
+        self._kubelet_identity: tuple[int, int] | None = None
         self._restart_pending = False
         self.scans = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         cdi.remove_transient_specs(self._config.cdi_root)
-        self._kubelet_inode = _inode(self._kubelet_socket)
+        self._kubelet_identity = file_identity(self._kubelet_socket)
         watcher = asyncio.create_task(self._watch_kubelet(stop), name="kubelet-watch")
         loop = asyncio.get_running_loop()
         interval = self._config.scan_interval
@@ -104,6 +104,7 @@ class Manager:
             deviceCount=sum(len(devices) for devices in wanted.values()),
             durationMs=round((time.monotonic() - started) * 1000, 2),
             tasks=len(asyncio.all_tasks()),
+            streams=sum(plugin.open_streams for plugin in self.plugins.values()),
         )
 
     async def _sync_plugin(self, resource: str, devices: Sequence[Device]) -> None:
@@ -166,11 +167,11 @@ class Manager:
 
     def _check_kubelet_socket(self) -> bool:
         """Note a new kubelet.sock; the scan loop does the restart, in one task."""
-        inode = _inode(self._kubelet_socket)
-        if inode == self._kubelet_inode:
+        identity = file_identity(self._kubelet_socket)
+        if identity == self._kubelet_identity:
             return False
-        previous, self._kubelet_inode = self._kubelet_inode, inode
-        if inode is None:
+        previous, self._kubelet_identity = self._kubelet_identity, identity
+        if identity is None:
             return False  # kubelet is down; its new socket is what we wait for
         log.info(
             "Detected kubelet socket recreation; restarting device plugins",
@@ -192,10 +193,3 @@ async def _sleep_until(
             waiter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*waiters, return_exceptions=True)
-
-
-def _inode(path: os.PathLike[str]) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None

@@ -13,7 +13,6 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any, Final
 
 import grpc
@@ -63,7 +62,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         self._allocator = Allocator(resource, self.table, config, tracer, self._read_status)
         self._on_stream_lost = on_stream_lost
         self._server: grpc.aio.Server | None = None
-        self._socket_inode: int | None = None
+        self._socket_identity: tuple[int, int] | None = None
         self._published: tuple[KubeletDevice, ...] = ()
         self._version = 0
         self._changed = asyncio.Condition()
@@ -86,11 +85,14 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
             raise RuntimeError(f"cannot listen on {self.socket_path}")
         await server.start()
         self._server = server
-        self._socket_inode = _inode(self.socket_path)
+        self._socket_identity = file_identity(self.socket_path)
 
     def socket_intact(self) -> bool:
         """False when something deleted or replaced our socket file."""
-        return self._socket_inode is not None and _inode(self.socket_path) == self._socket_inode
+        return (
+            self._socket_identity is not None
+            and file_identity(self.socket_path) == self._socket_identity
+        )
 
     async def register(self) -> None:
         request = api_pb2.RegisterRequest(
@@ -122,7 +124,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         if self.socket_intact():
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-        self._socket_inode = None
+        self._socket_identity = None
 
     # ----------------------------------------------------------------- inventory
     def _read_status(self, device: Device) -> StatusReading:
@@ -278,8 +280,10 @@ def _natural(name: str) -> tuple[int | str, ...]:
     return tuple(parts)
 
 
-def _inode(path: Path) -> int | None:
+def file_identity(path: os.PathLike[str]) -> tuple[int, int] | None:
+    """Inode and change time: a recreated file can get its predecessor's inode number."""
     try:
-        return os.stat(path).st_ino
+        info = os.stat(path)
     except OSError:
         return None
+    return info.st_ino, info.st_ctime_ns
