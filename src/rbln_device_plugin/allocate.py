@@ -7,6 +7,7 @@ Errors after side effects began are reported as they are: there is no rollback.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -53,8 +54,10 @@ class Allocator:
         config: Config,
         tracer: trace.Tracer,
         read_status: Callable[[Device], StatusReading],
+        rsd_queue: asyncio.Lock,
     ) -> None:
         self._resource = resource
+        self._rsd_queue = rsd_queue
         self._table = table
         self._config = config
         self._tracer = tracer
@@ -144,9 +147,12 @@ class Allocator:
                 node_paths = [dev_root / d.name for d in devices]
                 await devnodes.wait_for_nodes(node_paths)
                 binary = smi.locate_rbln_smi(self._config.rbln_smi)
-                group = await rsd.recreate_rsd_group(
-                    binary, bus_ids, lock_path=self._config.rsd_lock_path, dev_root=dev_root
-                )
+                # Allocations of this daemon queue here in arrival order, so the 5 s budget
+                # of the file lock only covers other processes, not our own backlog.
+                async with self._rsd_queue:
+                    group = await rsd.recreate_rsd_group(
+                        binary, bus_ids, lock_path=self._config.rsd_lock_path, dev_root=dev_root
+                    )
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except Exception as exc:
                 log.error("Container allocation failed", err=exc, durationMs=_ms(started), **fields)

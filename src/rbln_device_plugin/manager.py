@@ -48,6 +48,8 @@ class Manager:
         self._kubelet_socket = config.kubelet_dir / "kubelet.sock"
         self.plugins: dict[str, ResourcePlugin] = {}
         self._wake = asyncio.Event()
+        # One queue for RSD group changes across all resource plugins of this daemon.
+        self._rsd_queue = asyncio.Lock()
         self._kubelet_identity: tuple[int, int] | None = None
         self._restart_pending = False
         self.scans = 0
@@ -118,7 +120,9 @@ class Manager:
             del self.plugins[resource]
             plugin = None
         if plugin is None:
-            plugin = ResourcePlugin(resource, self._config, self._tracer, self._stream_lost)
+            plugin = ResourcePlugin(
+                resource, self._config, self._tracer, self._stream_lost, self._rsd_queue
+            )
             try:
                 await plugin.start()
             except (OSError, RuntimeError) as exc:

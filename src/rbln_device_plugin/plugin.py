@@ -53,13 +53,16 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         config: Config,
         tracer: trace.Tracer,
         on_stream_lost: Callable[[], None] = lambda: None,
+        rsd_queue: asyncio.Lock | None = None,
     ) -> None:
         self.resource = resource
         self.socket_path = config.kubelet_dir / socket_name(resource)
         self.kubelet_socket = config.kubelet_dir / "kubelet.sock"
         self._config = config
         self.table = DeviceTable()
-        self._allocator = Allocator(resource, self.table, config, tracer, self._read_status)
+        self._allocator = Allocator(
+            resource, self.table, config, tracer, self._read_status, rsd_queue or asyncio.Lock()
+        )
         self._on_stream_lost = on_stream_lost
         self._server: grpc.aio.Server | None = None
         self._socket_identity: tuple[int, int] | None = None
