@@ -1,0 +1,109 @@
+"""The README's preferred-allocation table, row by row, through the real gRPC server.
+
+Each row runs the real daemon against the simulated ``readme-example`` node (changed
+where the row changes SIDs, NUMA nodes or PCI data) and asks through the kubelet stub.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from rbln_device_plugin.sim.layout import Layout, SimDevice, preset
+
+from .simnode import running
+
+NPU = "rebellions.ai/npu"
+ALL = [f"rbln{i}" for i in range(7)]
+
+
+def readme(**changes: dict[str, object]) -> Layout:
+    """The README tree with per-device field changes, e.g. rbln4={"sid": ...}."""
+    base = preset("readme-example")
+    devices = tuple(
+        dataclasses.replace(d, **changes[d.name]) if d.name in changes else d  # type: ignore[arg-type]
+        for d in base.devices
+    )
+    return Layout(base.name, devices)
+
+
+async def ask(
+    layout: Layout, available: Sequence[str], must: Sequence[str], size: int
+) -> list[str]:
+    async with running(layout, interval="1h") as h:
+        count = len(layout.devices)
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == count)
+        answer = await h.kubelet.preferred(NPU, available, must, size)
+        selected = await h.daemon.await_log("Selected preferred allocation", level="debug")
+        assert selected[-1]["deviceIDs"] == answer
+        return answer
+
+
+async def test_choose_2_takes_the_closest_pair() -> None:
+    assert await ask(readme(), ALL, [], 2) == ["rbln0", "rbln2"]
+
+
+async def test_shared_sid_beats_a_shorter_pci_path() -> None:
+    layout = readme(rbln4={"sid": preset("readme-example").device("rbln0").sid})
+    assert await ask(layout, ["rbln0", "rbln2", "rbln4"], [], 2) == ["rbln0", "rbln4"]
+
+
+async def test_same_numa_beats_a_shorter_pci_path() -> None:
+    layout = readme(rbln2={"numa": "1"})
+    assert await ask(layout, ["rbln0", "rbln1", "rbln2"], ["rbln0"], 2) == ["rbln0", "rbln1"]
+
+
+async def test_subsets_within_one_sid_are_compared() -> None:
+    sid = "0000000022509999"
+    layout = readme(rbln0={"sid": sid}, rbln1={"sid": sid}, rbln2={"sid": sid})
+    assert await ask(layout, ["rbln0", "rbln1", "rbln2"], [], 2) == ["rbln0", "rbln2"]
+
+
+async def test_required_device_without_pci_data_is_kept() -> None:
+    assert await ask(readme(), ALL, ["rbln6"], 3) == ["rbln6", "rbln0", "rbln2"]
+
+
+async def test_one_pci_root_beats_an_unmeasured_inter_root_path() -> None:
+    assert await ask(readme(), ["rbln0", "rbln4", "rbln5"], ["rbln0"], 2) == ["rbln0", "rbln4"]
+
+
+async def test_all_metadata_missing_falls_back_to_id_order() -> None:
+    blank = {"sid": "", "numa": "-1", "pci_path": None}
+    layout = readme(**{name: blank for name in ALL})
+    assert await ask(layout, ALL, [], 2) == ["rbln0", "rbln1"]
+
+
+def _card_device(index: int, card: int, numa: int) -> SimDevice:
+    bus = 0x10 + index
+    root = f"pci0000:{numa * 0x80:02x}"
+    port = f"0000:{numa * 0x80:02x}:{card + 1:02x}.0"
+    bdf = f"0000:{bus:02x}:00.0"
+    return SimDevice(
+        name=f"rbln{index}", npu=index, product="RBLN-CA25", bus_id=bdf,
+        sid=f"{22500000 + card:016d}", numa=str(numa), pci_path=(root, port, bdf),
+    )  # fmt: skip
+
+
+async def test_four_devices_on_three_local_cards_beat_two_cards_across_numa() -> None:
+    # rbln0-1: card 0 (NUMA 0); rbln2-3: card 1 (NUMA 1); rbln4: card 2, rbln5: card 3 (NUMA 0).
+    # rbln0-3 is the smallest ID set and uses only two cards, but spans two NUMA nodes.
+    placement = [(0, 0), (0, 0), (1, 1), (1, 1), (2, 0), (3, 0)]
+    devices = tuple(_card_device(i, card, numa) for i, (card, numa) in enumerate(placement))
+    layout = Layout("numa-first", devices)
+    ids = [d.name for d in devices]
+    assert await ask(layout, ids, [], 4) == ["rbln0", "rbln1", "rbln4", "rbln5"]
+
+
+async def test_bad_requests_fall_back_to_the_kubelet_with_a_warning() -> None:
+    async with running("readme-example", interval="1h") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 7)
+        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln99"], [], 1) == []
+        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], [], 3) == []
+        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], ["rbln2"], 1) == []
+        assert await h.kubelet.preferred(NPU, ["rbln0"], [], -1) == []
+        warnings = await h.daemon.await_log("Preferred allocation fallback to kubelet", count=4)
+        assert all(w["level"] == "warn" and w["reason"] for w in warnings)
+        assert [w["allocationSize"] for w in warnings] == [1, 3, 1, -1]
+        # Shortcuts: exactly the must-include devices; exactly everything available.
+        assert await h.kubelet.preferred(NPU, ALL, ["rbln5", "rbln3"], 2) == ["rbln5", "rbln3"]
+        assert await h.kubelet.preferred(NPU, ["rbln4", "rbln1"], [], 2) == ["rbln1", "rbln4"]
