@@ -6,7 +6,6 @@ import shutil
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from rbln_device_plugin.sim.kubelet import KubeletStub
 from rbln_device_plugin.sim.layout import Layout, preset
@@ -37,9 +36,7 @@ async def running(
     node = materialize(preset(layout) if isinstance(layout, str) else layout, root)
     kubelet = KubeletStub(node.kubelet_dir)
     await kubelet.start()
-    daemon = DaemonProcess(
-        [*node.daemon_args(interval), *extra_args], env=env, level=level
-    )
+    daemon = DaemonProcess([*node.daemon_args(interval), *extra_args], env=env, level=level)
     try:
         yield Harness(node, kubelet, daemon)
     finally:

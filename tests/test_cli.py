@@ -105,7 +105,7 @@ def test_each_shutdown_signal_is_named_and_exits_0(short_tmp: Path, sig: signal.
     (record,) = daemon.find("Shutdown signal received")
     assert record["signal"] == sig.name
     assert daemon.find("Shutdown complete")
-    assert all("<<not json>>" != r["msg"] for r in daemon.records)
+    assert all(r["msg"] != "<<not json>>" for r in daemon.records)
 
 
 def test_port_in_use_exits_1_with_a_clear_record(short_tmp: Path) -> None:
