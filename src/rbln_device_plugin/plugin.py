@@ -232,7 +232,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for container in request.container_requests:
-            ids = preferred.choose(self.resource, self.table, container)
+            ids = await preferred.choose(self.resource, self.table, container)
             response.container_responses.add(deviceIDs=ids)
         return response
 

@@ -6,6 +6,8 @@ problem answers an empty list (the kubelet then picks on its own) with a warn re
 
 from __future__ import annotations
 
+import asyncio
+
 from rbln_device_plugin import topology
 from rbln_device_plugin.api.v1beta1 import api_pb2
 from rbln_device_plugin.devicetable import DeviceTable
@@ -16,7 +18,7 @@ _MAX_LOGGED_IDS = 16
 _MAX_REASON = 300
 
 
-def choose(
+async def choose(
     resource: str, table: DeviceTable, request: api_pb2.ContainerPreferredAllocationRequest
 ) -> list[str]:
     size = request.allocation_size
@@ -25,7 +27,10 @@ def choose(
             name: topology.candidate_from_device(entry.device)
             for name, entry in table.entries.items()
         }
-        result = topology.preferred_allocation(
+        # A search on a large node can take tens of milliseconds: keep the loop free for
+        # other resources' ListAndWatch and Allocate meanwhile.
+        result = await asyncio.to_thread(
+            topology.preferred_allocation,
             candidates,
             list(request.available_deviceIDs),
             list(request.must_include_deviceIDs),
