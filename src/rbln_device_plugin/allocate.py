@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -77,16 +78,21 @@ class Allocator:
                 for ids in requested:
                     response.container_responses.append(await self._container(ids, snapshot))
                 return response
-        except AllocationError as exc:
-            if not exc.logged:
+        except Exception as exc:
+            failure = exc if isinstance(exc, AllocationError) else None
+            if failure is None or not failure.logged:
                 log.error(
                     "Container allocation failed",
                     resourceName=self._resource,
                     deviceIDs=[i[:_SHOWN_ID_CHARS] for c in requested for i in c][:_SHOWN_IDS],
                     err=exc,
                     durationMs=_ms(started),
+                    **({} if failure is not None else {"exc_info": True}),
                 )
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            message = (
+                str(exc) if failure is not None else f"{self._resource}: internal error: {exc}"
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
             raise  # unreachable: abort raises
 
     def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
@@ -103,7 +109,7 @@ class Allocator:
                     f"{self._resource}: unknown device IDs {_show(unknown)} "
                     f"(not managed by this plugin now)"
                 )
-            repeated = [i for i in dict.fromkeys(ids) if ids.count(i) > 1]
+            repeated = [i for i, n in Counter(ids).items() if n > 1]
             if repeated:
                 raise AllocationError(
                     f"{self._resource}: container {index} lists {_show(repeated)} more than once"

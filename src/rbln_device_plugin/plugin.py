@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, Final
@@ -274,13 +275,9 @@ def _log_exposed(resource: str, entry: Entry) -> None:
     )
 
 
-def _natural(name: str) -> tuple[int | str, ...]:
+def _natural(name: str) -> tuple[int, ...]:
     """rbln2 before rbln10, for readable logs only (the kubelet order is plain sorting)."""
-    parts: list[int | str] = []
-    for chunk in name.replace("-", " ").split():
-        digits = chunk.lstrip("rbln")
-        parts.append(int(digits) if digits.isdigit() else chunk)
-    return tuple(parts)
+    return tuple(int(number) for number in re.findall(r"\d+", name))
 
 
 def file_identity(path: os.PathLike[str]) -> tuple[int, int] | None:
