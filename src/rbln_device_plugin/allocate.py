@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import grpc
@@ -153,12 +154,7 @@ class Allocator:
                 node_paths = [dev_root / d.name for d in devices]
                 await devnodes.wait_for_nodes(node_paths)
                 binary = smi.locate_rbln_smi(self._config.rbln_smi)
-                # Allocations of this daemon queue here in arrival order, so the 5 s budget
-                # of the file lock only covers other processes, not our own backlog.
-                async with self._rsd_queue:
-                    group = await rsd.recreate_rsd_group(
-                        binary, bus_ids, lock_path=self._config.rsd_lock_path, dev_root=dev_root
-                    )
+                group = await self._recreate_group(binary, bus_ids)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except Exception as exc:
                 log.error("Container allocation failed", err=exc, durationMs=_ms(started), **fields)
@@ -181,6 +177,34 @@ class Allocator:
             hostRsdPath=str(group.host_path), durationMs=_ms(started), **fields,
         )  # fmt: skip
         return response
+
+    async def _recreate_group(self, binary: Path, bus_ids: Sequence[str]) -> rsd.RsdGroup:
+        """Recreate the RSD group within one 5 s lock budget.
+
+        This daemon's own allocations queue in arrival order (no 100 ms polling races
+        between them); the time spent in that queue counts against the same budget as
+        the file lock, so no allocation waits longer than the lock policy allows.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + rsd.LOCK_TIMEOUT_S
+        try:
+            async with asyncio.timeout(rsd.LOCK_TIMEOUT_S):
+                await self._rsd_queue.acquire()
+        except TimeoutError:
+            raise rsd.RsdError(
+                f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
+                f"{self._config.rsd_lock_path} (queued behind this daemon's earlier allocations)"
+            ) from None
+        try:
+            return await rsd.recreate_rsd_group(
+                binary,
+                bus_ids,
+                lock_path=self._config.rsd_lock_path,
+                dev_root=self._config.dev_root,
+                lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),
+            )
+        finally:
+            self._rsd_queue.release()
 
 
 def _ms(started: float) -> float:

@@ -147,7 +147,7 @@ async def rsd_lock(
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise RsdError(
-                        f"timed out after {timeout:g} s waiting for the RSD lock {path}"
+                        f"timed out after {timeout:.2g} s waiting for the RSD lock {path}"
                     ) from None
                 await asyncio.sleep(retry)
             except OSError as exc:
