@@ -123,3 +123,23 @@ def test_port_in_use_exits_1_with_a_clear_record(short_tmp: Path) -> None:
     (record,) = daemon.find("Cannot start healthcheck service")
     assert record["level"] == "error" and str(port) in record["err"]
     assert "Traceback" not in daemon.stderr
+
+
+async def test_health_service_turns_serving_after_the_first_scan(short_tmp: Path) -> None:
+    import asyncio
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    daemon = DaemonProcess(_daemon_args(short_tmp))
+    try:
+        (started,) = await daemon.await_log("Started healthcheck service")
+        port = int(started["address"].rsplit(":", 1)[1])
+        await daemon.await_log("Reconciled device inventory")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "liveness"):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        assert await asyncio.to_thread(daemon.stop) == 0
