@@ -92,6 +92,12 @@ class Manager:
         except DiscoveryError as exc:
             log.error("Device discovery failed; reporting zero devices until it recovers", err=exc)
             wanted = {}
+        except Exception as exc:  # a bug on odd input must not end the scan loop
+            log.error(
+                "Device discovery failed; reporting zero devices until it recovers",
+                err=f"internal error: {exc!r}", exc_info=True,
+            )  # fmt: skip
+            wanted = {}
         # The kubelet may have restarted while rbln-smi ran: restart first, register once.
         await self._restart_if_kubelet_restarted()
         for resource in sorted(set(self.plugins) - set(wanted)):
@@ -99,7 +105,13 @@ class Manager:
             await plugin.stop()
             log.info("Stopped device plugin for absent resource", resourceName=resource)
         for resource in sorted(wanted):
-            await self._sync_plugin(resource, wanted[resource])
+            try:
+                await self._sync_plugin(resource, wanted[resource])
+            except Exception as exc:  # one resource's trouble must not cost the others
+                log.error(
+                    "Cannot update device plugin; retrying next scan",
+                    resourceName=resource, err=exc, exc_info=True,
+                )  # fmt: skip
         log.debug(
             "Reconciled device inventory",
             resourceCount=len(self.plugins),
