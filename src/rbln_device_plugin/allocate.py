@@ -30,6 +30,7 @@ CONTAINER_RSD_PATH: Final = "/dev/rsd0"
 PERMISSIONS: Final = "rw"
 _SHOWN_IDS: Final = 8
 _SHOWN_ID_CHARS: Final = 64
+_MAX_MESSAGE_BYTES: Final = 2048
 
 log = get_logger()
 
@@ -93,7 +94,9 @@ class Allocator:
             message = (
                 str(exc) if failure is not None else f"{self._resource}: internal error: {exc}"
             )
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+            # The message ends up in the pod's events: keep it short, the log has it all.
+            bounded = smi.trim_output(message.encode(), _MAX_MESSAGE_BYTES)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded)
             raise  # unreachable: abort raises
 
     def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
