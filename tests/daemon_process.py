@@ -60,11 +60,7 @@ class DaemonProcess:
 
     def find(self, msg: str, **fields: Any) -> list[Record]:
         with self._cond:
-            return [
-                r
-                for r in self.records
-                if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())
-            ]
+            return self.find_unlocked(msg, **fields)
 
     def wait_for(
         self,

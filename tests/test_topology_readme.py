@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.inventory import Device, sid_is_known
 from rbln_device_plugin.topology import (
     Candidate,
     PciForest,
@@ -14,7 +14,6 @@ from rbln_device_plugin.topology import (
     normalize_pci_path,
     preferred_allocation,
     score,
-    sid_is_known,
 )
 
 ROOT_A, ROOT_B = "pci0000:00", "pci0000:80"

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from rbln_device_plugin import topology_search
-from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.inventory import Device, sid_is_known
 
 _ROOT_RE: Final = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BDF_RE: Final = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_UNKNOWN_SIDS: Final = frozenset({"", "n/a", "unknown"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +30,6 @@ class Candidate:
     numa: int | None  # None = unknown
     group: str | None  # share key: a known SID, or "pf:<parent BDF>" for a VF; None = alone
     pci_path: tuple[str, ...] | None  # ("pci0000:00", bridges..., own BDF); None = unreadable
-
-
-def sid_is_known(sid: str) -> bool:
-    """A SID is evidence of a shared card only when it is a real, non-zero value."""
-    text = sid.strip().lower()
-    if text in _UNKNOWN_SIDS:
-        return False
-    digits = text.removeprefix("0x")
-    return digits.strip("0") != ""
 
 
 def normalize_pci_path(
