@@ -73,7 +73,6 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         self._stopping = False
         self.registered = False
         self.announced = False
-        self.stream_lost = False
         self.open_streams = 0
 
     # ----------------------------------------------------------------- lifecycle
@@ -116,7 +115,6 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
                 f"{exc.code().name}: {exc.details()}"
             ) from None
         self.registered = True
-        self.stream_lost = False
 
     async def stop(self) -> None:
         self._stopping = True
@@ -216,7 +214,6 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
             self.open_streams -= 1
             if not self._stopping and self.open_streams == 0:
                 # The kubelet never reopens a stream on its own: ask for re-registration.
-                self.stream_lost = True
                 self.registered = False
                 log.warning(
                     "ListAndWatch stream ended; registering again", resourceName=self.resource
