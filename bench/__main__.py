@@ -36,7 +36,7 @@ def scan_rows(quick: bool) -> list[Row]:
 def topology_rows(quick: bool) -> list[Row]:
     """Selected sizes per layout, the worst size overall, and random busy-node requests."""
     shown_sizes = {1, 2, 4, 8, 16, 24, 32, 48, 64}
-    results = bench_topology.run(repeats=2 if quick else 5, random_requests=50 if quick else 200)
+    results = bench_topology.run(repeats=2 if quick else 5, random_requests=200 if quick else 1000)
     rows: list[Row] = []
     for layout in dict.fromkeys(r["layout"] for r in results):
         per_size = [

@@ -6,20 +6,19 @@ computed level by level, and each level only considers completions that meet the
 levels' bounds exactly (the others already lose there), which lets it restrict classes:
 no other NUMA node, no other group, one PCI root, and so on.
 
-Level 4 runs a dynamic program over each root's forest that charges every pair of new
-devices at least the shortest hops down to its branch point, and combines roots under the
-per-root device counts that the cross-root level forces, without enumerating subsets.
+Levels 3b and 4 share a knapsack over PCI roots (:mod:`topology_cross`) that respects the
+share-group budget left by level 2. Level 4 feeds it per-root tables from a dynamic
+program over each root's forest that charges every pair of new devices at least the
+shortest hops down to its branch point.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import operator
-from collections import Counter
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
+from rbln_device_plugin.topology_cross import SQUARES, SUMMED, WORST, Cost, RootKnapsack, unpack
 from rbln_device_plugin.topology_model import Model, Value, pairs
 
 INF: Final = 1 << 60
@@ -36,11 +35,6 @@ class _Tables(NamedTuple):
     summed: list[int]
 
 
-# A per-root spread of device counts: pinned totals by root, then the multiset of totals
-# that the remaining roots share out among themselves.
-_Spread = tuple[dict[int, int], Counter[int]]
-
-
 class Bounds:
     def __init__(self, model: Model, total: int, budget: int) -> None:
         self.md = model
@@ -48,6 +42,7 @@ class Bounds:
         self.budget = budget
         self.evaluations = 0
         self.tables: dict[tuple[object, ...], _Tables] = {}
+        self.knapsack = RootKnapsack(model, total)
         # Per-root accessors for cache keys (a root's (lo, hi) decides its tables).
         self.getters = [operator.itemgetter(*cs) if cs else _nothing for cs in model.root_classes]
 
@@ -117,6 +112,7 @@ class Bounds:
         if added == 0:
             outsiders = [c for c in range(md.n) if md.grp[c] not in fixed_groups]
             _freeze(outsiders, lo, hi, True)
+        new_groups = added
 
         # Level 3a: unreadable PCI paths only when readable devices run out.
         lo_unr = sum(lo[c] for c in md.unreadable)
@@ -127,100 +123,34 @@ class Bounds:
             return tuple(vec)
         _freeze(md.unreadable if bound == lo_unr else md.readable, lo, hi, bound == lo_unr)
 
-        # Level 3b: pairs under separate roots.
-        bound, spreads = self._bound_roots(lo, hi, self.total - bound)
-        if bound >= INF or settle(bound):
-            return tuple(vec) if bound < INF else (INF,)
+        # Level 3b: pairs under separate roots, within the share-group budget.
+        readable = self.total - bound
+        shapes = self.knapsack.shapes(lo, hi, fixed_groups)
+        budget = new_groups or INF
+        best = self.knapsack.best(SQUARES, shapes, (), readable, budget)
+        if best is None:
+            # No completion meets the earlier levels' bounds together: all are worse.
+            return (*vec, INF)
+        if settle((readable * readable - best) // 2):
+            return tuple(vec)
 
         # Level 4: worst, then summed, distance over connected pairs.
-        need = self.total - sum(lo)
-        picks = max(0, need - sum(hi[c] - lo[c] for c in md.unreadable))
-        solo_slack = sum(hi[c] - lo[c] for c in md.solo)
-        roots = [r for r in range(md.n_roots) if md.root_classes[r]]
-        tables = {r: self._root_tables(r, lo, hi, -1) for r in roots}
-        root_lo = [sum(lo[c] for c in cs) for cs in md.root_classes]
-        worst = _combine(md, tables, root_lo, spreads, picks, solo_slack, False, None)
-        if worst >= INF:
-            return (INF,)
+        costs: list[Cost | None] = [self._root_tables(r, lo, hi, -1) for r in range(md.n_roots)]
+        costs.append(None)  # devices alone under their root pair with nobody
+        packed = self.knapsack.best(WORST, shapes, costs, readable, budget)
+        squares, worst = unpack(packed) if packed is not None else (-1, INF)
+        if squares != best:
+            return (*vec, INF)
         if settle(worst):
             return tuple(vec)
-        tables = {r: self._root_tables(r, lo, hi, worst) for r in roots}
-        summed = _combine(md, tables, root_lo, spreads, picks, solo_slack, True, worst)
-        if summed >= INF:
-            return (INF,)
-        settle(summed)
+        costs = [self._root_tables(r, lo, hi, worst) for r in range(md.n_roots)]
+        costs.append(None)
+        packed = self.knapsack.best(SUMMED, shapes, costs, readable, budget)
+        squares, summed = unpack(packed) if packed is not None else (-1, INF)
+        settle(summed if squares == best else INF)
         return tuple(vec)
 
-    def _bound_roots(
-        self, lo: list[int], hi: list[int], total: int
-    ) -> tuple[int, list[_Spread] | None]:
-        """Least number of pairs under separate roots.
-
-        Also returns every per-root spread of device counts that reaches that bound, or
-        None when they cannot be pinned down cheaply.
-        """
-        md = self.md
-        root_lo = [0] * md.n_roots
-        root_hi = [0] * md.n_roots
-        solo_lo = solo_hi = 0
-        for c in md.readable:
-            r = md.root[c]
-            if r < 0:
-                solo_lo += lo[c]
-                solo_hi += hi[c]
-            else:
-                root_lo[r] += lo[c]
-                root_hi[r] += hi[c]
-        fixed_total = sum(root_lo) + solo_lo
-        fixed_cross = (fixed_total * fixed_total - sum(x * x for x in root_lo) - solo_lo) // 2
-        # Cross pairs = (total^2 - sum of squared per-root counts) / 2, so the bound needs
-        # the largest reachable sum of squares. Roots without fixed devices are filled
-        # largest first (that fill majorizes all others); the few partly fixed roots are
-        # enumerated.
-        pinned_sq = solo_lo
-        free_caps = [1] * (solo_hi - solo_lo)
-        mixed: list[int] = []
-        for r in range(md.n_roots):
-            if root_lo[r] == root_hi[r]:
-                pinned_sq += root_lo[r] * root_lo[r]
-            elif root_lo[r] == 0:
-                free_caps.append(root_hi[r])
-            else:
-                mixed.append(r)
-        extra = total - fixed_total
-        exact = len(mixed) <= 2
-        if not exact:
-            # Relax the partly fixed roots to free ones: still an upper bound.
-            free_caps += [root_hi[r] for r in mixed]
-            extra += sum(root_lo[r] for r in mixed)
-            mixed = []
-        fill = _Fill(free_caps)
-        best_sq, options = -1, []
-        for xs in itertools.product(*(range(root_hi[r] - root_lo[r] + 1) for r in mixed)):
-            rest = extra - sum(xs)
-            q = fill.squares(rest)
-            if q < 0:
-                continue
-            sq = pinned_sq + q + sum((root_lo[r] + x) ** 2 for r, x in zip(mixed, xs, strict=True))
-            if sq > best_sq:
-                best_sq, options = sq, [(xs, rest)]
-            elif sq == best_sq:
-                options.append((xs, rest))
-        if best_sq < 0:
-            return INF, None
-        concentrated = (total * total - best_sq) // 2
-        bound = max(concentrated, fixed_cross)
-        if not exact or concentrated != bound or solo_hi:
-            return bound, None
-        spreads: list[_Spread] = []
-        for xs, rest in options:
-            pinned = {r: root_lo[r] for r in range(md.n_roots) if root_lo[r] == root_hi[r]}
-            pinned.update({r: root_lo[r] + x for r, x in zip(mixed, xs, strict=True)})
-            # Sum of squares is strictly Schur-convex: a tie needs exactly this free fill.
-            spreads.append((pinned, Counter(fill.spread(rest))))
-        return bound, spreads
-
-    def _root_tables(self, r: int, lo: list[int], hi: list[int], limit: int) -> _Tables:
+    def _root_tables(self, r: int, lo: list[int], hi: list[int], limit: int) -> Cost:
         """Lower bounds on the worst and summed distance inside root r, by new picks.
 
         ``limit`` >= 0 drops classes that would create a pair farther apart than it.
@@ -233,7 +163,7 @@ class Bounds:
         key = (r, limit, get(lo), get(hi))
         cached = self.tables.get(key)
         if cached is not None:
-            return cached
+            return key, cached, limit
         fixed = [c for c in classes if lo[c]]
         _, worst, summed = pairs(md, [lo[c] if md.root[c] == r else 0 for c in range(md.n)])
         pending: dict[int, list[tuple[list[int], list[int], int]]] = {}
@@ -286,112 +216,11 @@ class Bounds:
                 pending.setdefault(parent, []).append((mw, ms, low + depth))
         tables = _Tables(top_w, top_s)
         self.tables[key] = tables
-        return tables
-
-
-def _combine(
-    md: Model,
-    tables: dict[int, _Tables],
-    root_lo: list[int],
-    spreads: list[_Spread] | None,
-    picks: int,
-    solo_slack: int,
-    summed: bool,
-    limit: int | None,
-) -> int:
-    """Least combined cost over ways to spread ``picks`` new devices across roots.
-
-    Worst distances join by max, summed ones by addition: pairs across roots have no
-    distance. With ``spreads`` known, every root takes its total from one of them;
-    otherwise any split is allowed. ``limit`` skips entries whose worst distance exceeds it.
-    """
-    roots = sorted(tables)
-    if spreads is None:
-        best = [0] * (min(picks, solo_slack) + 1)
-        for r in roots:
-            table = tables[r].summed if summed else tables[r].worst
-            allowed = tables[r].worst
-            if len(table) == 1:  # nothing left to choose in this root
-                fixed = table[0]
-                best = [x + fixed if summed else max(x, fixed) for x in best]
-                continue
-            out = [INF] * min(len(best) + len(table) - 1, picks + 1)
-            for i, x in enumerate(best):
-                if x >= INF:
-                    continue
-                for j, y in enumerate(table[: picks + 1 - i]):
-                    if limit is not None and allowed[j] > limit:
-                        continue
-                    cost = x + y if summed else max(x, y)
-                    if cost < out[i + j]:
-                        out[i + j] = cost
-            best = out
-        return best[picks] if picks < len(best) else INF
-    result = INF
-    for pinned, free in spreads:
-        cost = 0
-        for r, total in pinned.items():
-            entry = _entry(tables, r, total - root_lo[r], summed, limit)
-            cost = cost + entry if summed else max(cost, entry)
-        if cost >= INF:
-            continue
-        # The other roots hold no fixed devices and share out the free totals.
-        values = sorted(free)
-        states = {tuple(free[v] for v in values): cost}
-        for r in range(md.n_roots):
-            if r in pinned:
-                continue
-            nxt: dict[tuple[int, ...], int] = {}
-            for state, acc in states.items():
-                for k, v in enumerate(values):
-                    entry = _entry(tables, r, v, summed, limit) if state[k] else INF
-                    if entry >= INF:
-                        continue
-                    key = (*state[:k], state[k] - 1, *state[k + 1 :])
-                    new_cost = acc + entry if summed else max(acc, entry)
-                    if new_cost < nxt.get(key, INF):
-                        nxt[key] = new_cost
-            states = nxt
-        result = min([result, *states.values()])
-    return result
-
-
-def _entry(tables: dict[int, _Tables], r: int, j: int, summed: bool, limit: int | None) -> int:
-    """Root r's table entry for j new picks; INF when impossible or over ``limit``."""
-    if r not in tables:
-        return 0 if j == 0 else INF
-    table = tables[r].summed if summed else tables[r].worst
-    if j < 0 or j >= len(table) or (limit is not None and tables[r].worst[j] > limit):
-        return INF
-    return table[j]
+        return key, tables, limit
 
 
 def _nothing(_: list[int]) -> tuple[int, ...]:
     return ()
-
-
-class _Fill:
-    """Largest-first filling of buckets with the given capacities."""
-
-    def __init__(self, caps: list[int]) -> None:
-        self.caps = sorted((c for c in caps if c > 0), reverse=True)
-        self.prefix = list(itertools.accumulate(self.caps, initial=0))
-        self.square_prefix = list(itertools.accumulate((c * c for c in self.caps), initial=0))
-
-    def squares(self, amount: int) -> int:
-        """Sum of squared fill levels, or -1 when ``amount`` does not fit."""
-        if amount < 0 or amount > self.prefix[-1]:
-            return -1
-        full = bisect.bisect_right(self.prefix, amount) - 1
-        return self.square_prefix[full] + (amount - self.prefix[full]) ** 2
-
-    def spread(self, amount: int) -> list[int]:
-        out = []
-        for cap in self.caps:
-            take = min(cap, amount)
-            out.append(take)
-            amount -= take
-        return out
 
 
 def _freeze(classes: Sequence[int], lo: list[int], hi: list[int], drop: bool) -> None:
