@@ -89,7 +89,7 @@ class Allocator:
                     deviceIDs=[i[:_SHOWN_ID_CHARS] for c in requested for i in c][:_SHOWN_IDS],
                     err=exc,
                     durationMs=_ms(started),
-                    **({} if failure is not None else {"exc_info": True}),
+                    exc_info=failure is None,  # a traceback only for the unexpected
                 )
             message = (
                 str(exc) if failure is not None else f"{self._resource}: internal error: {exc}"
