@@ -20,6 +20,7 @@ def install(env: dict[str, str]) -> tuple[io.StringIO, logs.LogSettings]:
 
 
 def records(out: io.StringIO) -> list[dict[str, Any]]:
+    assert logs.flush(5.0), "the log writer did not drain its queue"
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -79,6 +80,7 @@ def test_invalid_values_fall_back_with_a_warning(env: dict[str, str], variable: 
 def test_text_format_is_logfmt() -> None:
     out, _ = install({logs.FORMAT_ENV: "text"})
     logs.get_logger().info("Device exposed", device="rbln0")
+    assert logs.flush(5.0)
     line = out.getvalue().strip()
     assert line.startswith("ts=")
     assert "level=info" in line and 'msg="Device exposed"' in line and "device=rbln0" in line
@@ -119,6 +121,7 @@ def test_closed_stdout_never_raises() -> None:
     logs.install({}, stream=out)
     out.close()
     logs.get_logger().error("still fine")
+    assert logs.flush(5.0)
 
 
 def test_exc_info_becomes_a_traceback_field() -> None:

@@ -80,6 +80,15 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        # Records are written by a background thread: let the last ones out (bounded,
+        # so a blocked stdout cannot hold the exit).
+        logs.flush()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # The gRPC C core logs straight to fd 2 and reads this once, at import.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logs.install(os.environ)

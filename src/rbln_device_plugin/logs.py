@@ -9,14 +9,17 @@ loggers are bridged into the same stream with ``component=grpc`` / ``component=o
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
 import structlog
+
+from rbln_device_plugin.logsink import QueuedSink
 
 LEVEL_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
 FORMAT_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_FORMAT"
@@ -94,30 +97,52 @@ def _renderer(fmt: str) -> structlog.typing.Processor:
     return structlog.processors.JSONRenderer(sort_keys=False, default=str)
 
 
-class _LockedStream:
-    """Serialises whole-line writes: OpenTelemetry and gRPC log from their own threads."""
+DROPPED_MSG: Final = "Log records dropped while stdout was blocked"
+FLUSH_TIMEOUT_S: Final = 2.0
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
+# The process-wide sink; replaced by each install() (tests install repeatedly).
+_sink: QueuedSink | None = None
+
+
+class _SinkLogger:
+    """structlog's output object: every level goes to the queued sink."""
+
+    def __init__(self, sink: QueuedSink) -> None:
+        self._sink = sink
 
     def msg(self, message: str) -> None:
-        with self._lock:
-            try:
-                self._stream.write(message + "\n")
-                self._stream.flush()
-            except (BrokenPipeError, ValueError):
-                # stdout closed under us (collector gone, test harness detached): logging
-                # must never take the daemon down.
-                pass
+        self._sink.write(message)
 
     log = debug = info = warn = warning = error = critical = exception = fatal = msg
 
 
+def _notice_renderer(render: structlog.typing.Processor) -> Callable[[int], str]:
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts")
+
+    def notice(count: int) -> str:
+        event = stamp(None, "warning", {})
+        event.update(level="warn", msg=DROPPED_MSG, droppedRecords=count)
+        return str(render(None, "warning", event))
+
+    return notice
+
+
+def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
+    """Write out queued records (bounded wait); False when stdout stayed blocked."""
+    return _sink.flush(timeout) if _sink is not None else True
+
+
 def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSettings:
     """Install the process-wide logger and bridge the stdlib loggers into it."""
+    global _sink
     settings = resolve_settings(environ)
-    out = _LockedStream(stream if stream is not None else sys.stdout)
+    renderer = _renderer(settings.format)
+    # The real stdout is written through its own descriptor (see logsink).
+    output: TextIO | int = stream if stream is not None else os.dup(sys.stdout.fileno())
+    previous, _sink = _sink, QueuedSink(output, _notice_renderer(renderer))
+    if previous is not None:
+        previous.close(FLUSH_TIMEOUT_S)
+    out = _SinkLogger(_sink)
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         _level_word,
@@ -140,7 +165,7 @@ def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSett
         _stringify_err,
         structlog.processors.EventRenamer("msg"),
         _order_keys,
-        _renderer(settings.format),
+        renderer,
     ]
     structlog.configure(
         processors=processors,

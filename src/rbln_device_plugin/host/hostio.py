@@ -1,0 +1,237 @@
+"""Host reads off the event loop, each with a bounded wait.
+
+A sysfs attribute of a wedged driver, or a path on a hung mount, can block a read
+forever. The event loop serves every resource, the health probe and the kubelet streams,
+so no such call ever runs on it: calls run on daemon threads (never joined, so a stuck
+read cannot hold the process at exit) and the loop waits for them at most ``timeout``.
+
+Calls come in batches: a scan reads dozens of small files, and one thread hop per batch
+costs far less than one per file. The worker reports its progress item by item, so when
+a batch overruns its budget the item being read is known: that item, and only that item,
+is answered with :class:`Stalled`, and the rest of the batch runs again on a fresh
+thread. The stuck key (a path) is remembered until its read finally returns, and is
+answered with ``Stalled`` at once meanwhile, so a file that blocks forever costs one
+thread and one timeout, not one per scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, Generic, TypeVar
+
+from rbln_device_plugin.logs import get_logger
+
+T = TypeVar("T")
+
+HOST_IO_TIMEOUT_S: Final = 1.0
+MAX_THREADS: Final = 16
+
+log = get_logger()
+
+
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """A call that did not return within the budget (or whose key is still stuck)."""
+
+    key: str
+    timeout: float
+    # True: an earlier call on this key is still blocked, so this one was not started.
+    still_blocked: bool = False
+    # True: no thread was free to run it (every thread is stuck); nothing is stuck on key.
+    no_thread: bool = False
+
+    def __str__(self) -> str:
+        if self.no_thread:
+            return f"no free host I/O thread to access {self.key}"
+        if self.still_blocked:
+            return f"an earlier access to {self.key} is still blocked"
+        return f"access to {self.key} did not finish within {self.timeout:g} s"
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    key: str  # what the call touches (a path): the unit of stall bookkeeping
+    run: Callable[[], T]  # must not raise; host readers return problems as data
+
+
+class _Batch:
+    """One hand-off to a worker; the worker and the loop meet under ``lock``."""
+
+    def __init__(self, calls: Sequence[Call[object]], done: Callable[[], None]) -> None:
+        self.calls = calls
+        self.results: list[object] = [_UNSET] * len(calls)
+        self.next = 0  # index of the call running (or about to run)
+        self.started = False
+        self.abandoned = False
+        self.lock = threading.Lock()
+        self.done = done
+
+
+_UNSET: Final = object()
+
+
+class _Raised:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class HostIO:
+    """The daemon's runner for blocking host calls. One per daemon."""
+
+    def __init__(self, timeout: float = HOST_IO_TIMEOUT_S, max_threads: int = MAX_THREADS) -> None:
+        self.timeout = timeout
+        self._max_threads = max_threads
+        self._jobs: queue.SimpleQueue[tuple[_Batch, Callable[[str], None]]] = queue.SimpleQueue()
+        self._threads = 0
+        self._idle = 0
+        self._backlog = 0
+        self._count_lock = threading.Lock()
+        self.stuck: dict[str, float] = {}  # key -> monotonic time its call was abandoned
+
+    async def call(self, key: str, run: Callable[[], T]) -> T | Stalled:
+        (result,) = await self.map([Call(key, run)])
+        return result
+
+    async def map(self, calls: Sequence[Call[T]]) -> list[T | Stalled]:
+        """Run ``calls`` in order off the loop; a call that overruns becomes ``Stalled``."""
+        results: list[T | Stalled | object] = [_UNSET] * len(calls)
+        pending = list(range(len(calls)))
+        while pending:
+            runnable: list[int] = []
+            for index in pending:
+                key = calls[index].key
+                if key in self.stuck:
+                    results[index] = Stalled(key, self.timeout, still_blocked=True)
+                else:
+                    runnable.append(index)
+            if not runnable:
+                break
+            pending = await self._run_batch([calls[i] for i in runnable], runnable, results)
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    async def _run_batch(
+        self,
+        calls: list[Call[T]],
+        positions: list[int],
+        results: list[T | Stalled | object],
+    ) -> list[int]:
+        """Run one batch; fill ``results``; return the positions still to run."""
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+
+        def done() -> None:
+            loop.call_soon_threadsafe(_resolve, finished)
+
+        def released(key: str) -> None:
+            loop.call_soon_threadsafe(self._release, key)
+
+        batch = _Batch(calls, done)  # type: ignore[arg-type]
+        self._submit(batch, released)
+        try:
+            await asyncio.wait_for(asyncio.shield(finished), self.timeout)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            with batch.lock:
+                batch.abandoned = True
+            raise
+        with batch.lock:
+            batch.abandoned = True
+            stopped_at = batch.next
+            started = batch.started
+            values = list(batch.results)
+        for offset, value in enumerate(values):
+            if isinstance(value, _Raised):
+                raise value.error
+            if value is not _UNSET:
+                results[positions[offset]] = value
+        if not started:
+            # No thread took the batch in time (every one is stuck): answer it all now.
+            for offset, call in enumerate(calls):
+                results[positions[offset]] = Stalled(call.key, self.timeout, no_thread=True)
+            return []
+        if stopped_at >= len(calls) or values[stopped_at] is not _UNSET:
+            return positions[stopped_at + 1 :]  # it finished just as time ran out
+        key = calls[stopped_at].key
+        results[positions[stopped_at]] = Stalled(key, self.timeout)
+        self.stuck[key] = time.monotonic()
+        log.warning(
+            "Host access did not finish in time; treating it as unreadable",
+            path=key, timeoutSeconds=self.timeout,
+        )  # fmt: skip
+        return positions[stopped_at + 1 :]
+
+    def _release(self, key: str) -> None:
+        since = self.stuck.pop(key, None)
+        if since is not None:
+            log.info(
+                "Blocked host access returned",
+                path=key, blockedSeconds=round(time.monotonic() - since, 1),
+            )  # fmt: skip
+
+    def _submit(self, batch: _Batch, released: Callable[[str], None]) -> None:
+        # Each batch gets a thread of its own (an idle one, else a new one), so a batch
+        # never waits behind a stuck one; past the cap it queues for a thread to return.
+        spawn = False
+        with self._count_lock:
+            if self._idle:
+                self._idle -= 1
+            elif self._threads < self._max_threads:
+                self._threads += 1
+                spawn = True
+            else:
+                self._backlog += 1
+        self._jobs.put((batch, released))
+        if spawn:
+            threading.Thread(target=self._worker, name="host-io", daemon=True).start()
+
+    def _worker(self) -> None:
+        while True:
+            batch, released = self._jobs.get()
+            _work(batch, released)
+            with self._count_lock:
+                if self._backlog:
+                    self._backlog -= 1  # take a queued batch without becoming idle
+                else:
+                    self._idle += 1
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+
+def _work(batch: _Batch, released: Callable[[str], None]) -> None:
+    with batch.lock:
+        if batch.abandoned:
+            return  # the loop gave up before we started: it already answered everything
+        batch.started = True
+    for index, call in enumerate(batch.calls):
+        with batch.lock:
+            if batch.abandoned:
+                return
+            batch.next = index
+        try:
+            value: object = call.run()
+        except Exception as exc:  # a reader bug must not kill the worker: the caller raises
+            value = _Raised(exc)
+        with batch.lock:
+            batch.results[index] = value
+            if batch.abandoned:
+                # The loop gave up on this very call: its key was marked stuck.
+                released(call.key)
+                return
+    with batch.lock:
+        batch.next = len(batch.calls)
+    batch.done()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

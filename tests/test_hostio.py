@@ -1,0 +1,111 @@
+"""HostIO: blocking host calls run off the loop; a stuck one costs one item, once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
+
+
+def read_text(path: Path) -> str:
+    with open(path) as handle:
+        return handle.read()
+
+
+def make_files(root: Path, names: list[str]) -> list[Path]:
+    paths = []
+    for name in names:
+        path = root / name
+        path.write_text(name)
+        paths.append(path)
+    return paths
+
+
+def reads(paths: list[Path]) -> list[Call[str]]:
+    return [Call(str(p), lambda p=p: read_text(p)) for p in paths]  # type: ignore[misc]
+
+
+def unblock(fifo: Path) -> None:
+    """Open the FIFO for writing, releasing a reader stuck in open(); then close it."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: nobody is reading it, so nobody is stuck on it
+        return
+    os.write(fd, b"7\n")
+    os.close(fd)
+
+
+async def test_a_batch_runs_in_order_off_the_loop(tmp_path: Path) -> None:
+    io = HostIO(timeout=5)
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+
+    def where() -> int:
+        seen.append(threading.get_ident())
+        return len(seen)
+
+    results = await io.map([Call(f"k{i}", where) for i in range(5)])
+    assert results == [1, 2, 3, 4, 5]
+    assert loop_thread not in seen and len(set(seen)) == 1  # one hop for the whole batch
+
+
+async def test_a_blocking_read_stalls_only_its_own_item(tmp_path: Path) -> None:
+    before, after = make_files(tmp_path, ["a", "b"]), make_files(tmp_path, ["c"])
+    fifo = tmp_path / "stuck"
+    os.mkfifo(fifo)
+    io = HostIO(timeout=0.3)
+    try:
+        results = await io.map(reads([*before, fifo, *after]))
+        assert results[:2] == ["a", "b"] and results[3] == "c"
+        stalled = results[2]
+        assert isinstance(stalled, Stalled) and not stalled.still_blocked
+        assert str(fifo) in str(stalled)
+        threads = io.threads
+
+        # The next batch does not wait again, nor spend another thread on the same file.
+        again = await io.map(reads([before[0], fifo]))
+        assert again[0] == "a"
+        assert isinstance(again[1], Stalled) and again[1].still_blocked
+        assert io.threads == threads
+        # Meanwhile the loop itself was never blocked.
+        await asyncio.wait_for(asyncio.sleep(0), 1)
+    finally:
+        await asyncio.to_thread(unblock, fifo)
+    # Once the stuck read returns, the file is read normally again.
+    for _ in range(100):
+        if str(fifo) not in io.stuck:
+            break
+        await asyncio.sleep(0.02)
+    assert str(fifo) not in io.stuck
+    (path,) = make_files(tmp_path, ["stuck2"])
+    assert await io.map(reads([path])) == ["stuck2"]
+
+
+async def test_every_thread_stuck_answers_at_once_without_blocking(tmp_path: Path) -> None:
+    fifos = []
+    for name in ("f1", "f2"):
+        os.mkfifo(tmp_path / name)
+        fifos.append(tmp_path / name)
+    io = HostIO(timeout=0.2, max_threads=1)
+    try:
+        (first,) = await io.map(reads(fifos[:1]))
+        assert isinstance(first, Stalled)
+        (second,) = await io.map(reads(fifos[1:]))
+        assert isinstance(second, Stalled) and second.no_thread
+        assert str(fifos[1]) not in io.stuck  # nothing ran, so nothing is stuck on it
+    finally:
+        for fifo in fifos:
+            await asyncio.to_thread(unblock, fifo)
+
+
+async def test_a_reader_bug_raises_in_the_caller() -> None:
+    def broken() -> str:
+        raise ZeroDivisionError("bug")
+
+    with pytest.raises(ZeroDivisionError):
+        await HostIO(timeout=5).call("k", broken)
