@@ -137,10 +137,18 @@ async def test_unhealthy_device_is_rejected_by_the_final_check() -> None:
         assert len(response.container_responses) == 1
 
 
-async def test_repeated_id_across_containers_is_read_once() -> None:
+async def test_an_id_shared_by_two_containers_is_refused_before_any_host_access() -> None:
     async with running("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        response = await h.kubelet.allocate(NPU, [["rbln0"], ["rbln0"]])
+        groups = h.node.groups()
+        h.node.inject_fault(Fault("error"))  # any rbln-smi call would fail differently
+        message = await rejected(h, NPU, [["rbln1", "rbln2"], ["rbln2"]])
+        assert "'rbln2' requested by more than one container" in message
+        assert "rbln1" not in message.split(":", 1)[1]
+        h.node.clear_faults()
+        assert h.node.groups() == groups  # no group was touched
+        # Distinct devices in two containers: two groups.
+        response = await h.kubelet.allocate(NPU, [["rbln1"], ["rbln2"]])
         assert len(response.container_responses) == 2
 
 

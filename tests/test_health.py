@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from rbln_device_plugin.health import (
@@ -174,43 +172,9 @@ def test_rule_new_instance_starts_empty() -> None:
 def test_rule_scans_and_allocate_share_one_ordered_history() -> None:
     history = HealthHistory()
     # A scan sees FAULT; the Allocate check afterwards reads 0; order decides the result.
-    with history.ordered():
-        history.observe("rbln4", FAULT)
-    with history.ordered():
-        assert history.observe("rbln4", READY).health is Health.HEALTHY
+    history.observe("rbln4", FAULT)
+    assert history.observe("rbln4", READY).health is Health.HEALTHY
     assert history.unresolved("rbln4") is None
-
-
-def test_rule_the_history_lock_serialises_observers() -> None:
-    history = HealthHistory()
-    order: list[str] = []
-    entered = threading.Event()
-    release = threading.Event()
-
-    def scan() -> None:
-        with history.ordered():
-            entered.set()
-            release.wait(5)
-            history.observe("rbln0", FAULT)
-            order.append("scan")
-
-    def allocate() -> None:
-        with history.ordered():
-            history.observe("rbln0", READY)
-            order.append("allocate")
-
-    first = threading.Thread(target=scan)
-    first.start()
-    assert entered.wait(5)
-    second = threading.Thread(target=allocate)
-    second.start()
-    second.join(0.05)
-    assert order == []  # allocate waits for the scan's read+observe to finish
-    release.set()
-    first.join(5)
-    second.join(5)
-    assert order == ["scan", "allocate"]
-    assert history.observe("rbln0", UNREADABLE_READ).health is Health.HEALTHY
 
 
 def test_verdict_describe_plain_status() -> None:

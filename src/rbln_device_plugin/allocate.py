@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -21,8 +21,9 @@ from rbln_device_plugin import cdi
 from rbln_device_plugin.api.v1beta1 import api_pb2
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.devicetable import DeviceTable
-from rbln_device_plugin.health import Health, StatusReading
+from rbln_device_plugin.health import Health, Verdict
 from rbln_device_plugin.host import devnodes, rsd, smi
+from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.inventory import Device
 from rbln_device_plugin.logs import get_logger
 
@@ -56,15 +57,17 @@ class Allocator:
         table: DeviceTable,
         config: Config,
         tracer: trace.Tracer,
-        read_status: Callable[[Device], StatusReading],
+        check_health: Callable[[Sequence[str]], Awaitable[Mapping[str, Verdict]]],
         rsd_queue: asyncio.Lock,
+        hostio: HostIO,
     ) -> None:
         self._resource = resource
         self._rsd_queue = rsd_queue
         self._table = table
         self._config = config
         self._tracer = tracer
-        self._read_status = read_status
+        self._check_health = check_health
+        self._hostio = hostio
 
     async def allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -75,7 +78,7 @@ class Allocator:
             with self._tracer.start_as_current_span(
                 "Allocate", attributes={"rbln.resource_name": self._resource}
             ):
-                snapshot = self._validate(requested)
+                snapshot = await self._validate(requested)
                 response = api_pb2.AllocateResponse()
                 for ids in requested:
                     response.container_responses.append(await self._container(ids, snapshot))
@@ -99,11 +102,12 @@ class Allocator:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded)
             raise  # unreachable: abort raises
 
-    def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
+    async def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
         """Reject bad requests before any host access; return the checked device snapshot."""
         if not requested:
             raise AllocationError(f"{self._resource}: the request names no containers")
         entries = self._table.entries
+        owner: dict[str, int] = {}
         for index, ids in enumerate(requested):
             if not ids:
                 raise AllocationError(f"{self._resource}: container {index} requests no devices")
@@ -118,8 +122,16 @@ class Allocator:
                 raise AllocationError(
                     f"{self._resource}: container {index} lists {_show(repeated)} more than once"
                 )
-        distinct = list(dict.fromkeys(i for ids in requested for i in ids))
-        verdicts = self._table.final_check(distinct, self._read_status)
+            # Two containers cannot share a device: each gets a group of its own, and the
+            # second group would take the device out of the first.
+            shared = [i for i in ids if owner.setdefault(i, index) != index]
+            if shared:
+                raise AllocationError(
+                    f"{self._resource}: {_show(shared)} requested by more than one container "
+                    f"(containers {owner[shared[0]]} and {index})"
+                )
+        distinct = list(owner)
+        verdicts = await self._check_health(distinct)
         unhealthy = [
             f"{device_id} is {verdict.describe()}"
             for device_id, verdict in verdicts.items()
@@ -155,8 +167,8 @@ class Allocator:
             try:
                 dev_root = self._config.dev_root
                 node_paths = [dev_root / d.name for d in devices]
-                await devnodes.wait_for_nodes(node_paths)
-                binary = smi.locate_rbln_smi(self._config.rbln_smi)
+                await devnodes.wait_for_nodes(node_paths, self._hostio)
+                binary = await self._locate_rbln_smi()
                 group = await self._recreate_group(binary, bus_ids)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except Exception as exc:
@@ -181,6 +193,14 @@ class Allocator:
         )  # fmt: skip
         return response
 
+    async def _locate_rbln_smi(self) -> Path:
+        found = await self._hostio.call(
+            "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
+        )
+        if isinstance(found, Stalled):
+            raise rsd.RsdError(f"looking for rbln-smi: {found}")
+        return found
+
     async def _recreate_group(self, binary: Path, bus_ids: Sequence[str]) -> rsd.RsdGroup:
         """Recreate the RSD group within one 5 s lock budget.
 
@@ -202,6 +222,7 @@ class Allocator:
             return await rsd.recreate_rsd_group(
                 binary,
                 bus_ids,
+                self._hostio,
                 lock_path=self._config.rsd_lock_path,
                 dev_root=self._config.dev_root,
                 lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),

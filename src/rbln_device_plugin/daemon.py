@@ -10,6 +10,8 @@ from typing import Final
 from rbln_device_plugin import tracing
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.healthcheck import HealthcheckError, HealthService
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.instancelock import InstanceLock, InstanceLockError
 from rbln_device_plugin.logs import get_logger
 from rbln_device_plugin.manager import Manager
 
@@ -55,13 +57,44 @@ async def _serve(config: Config) -> int:
     else:
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
+    instance = InstanceLock(config.kubelet_dir)
+    try:
+        try:
+            if not await instance.acquire(stop):
+                log.info("Shutdown complete", signal=received[0].name if received else None)
+                return 0
+        except InstanceLockError as exc:
+            log.error("Cannot take the instance lock", err=exc)
+            return 1
+        return await _serve_locked(config, stop, received, health, instance)
+    finally:
+        instance.release()
+        if health is not None:
+            await health.stop(grace=0.2)
+        for sig in SHUTDOWN_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+async def _serve_locked(
+    config: Config,
+    stop: asyncio.Event,
+    received: list[signal.Signals],
+    health: HealthService | None,
+    instance: InstanceLock,
+) -> int:
     tracer = tracing.setup(config)
 
     async def mark_ready() -> None:
         if health is not None:
             await health.set_serving(True)
 
-    manager = Manager(config, tracer=tracer.tracer, on_first_scan=mark_ready)
+    manager = Manager(
+        config,
+        tracer=tracer.tracer,
+        on_first_scan=mark_ready,
+        hostio=HostIO(),
+        on_scan=instance.ensure_held,
+    )
     manager_task = asyncio.create_task(manager.run(stop), name="manager")
     stop_task = asyncio.create_task(stop.wait(), name="stop-signal")
     exit_code = 0
@@ -83,8 +116,6 @@ async def _serve(config: Config) -> int:
             await asyncio.gather(manager_task, return_exceptions=True)
         except Exception:
             pass  # already reported above
-        if health is not None:
-            await health.stop(grace=0.2)
         await tracer.shutdown()
         log.info(
             "Shutdown complete",
@@ -93,6 +124,4 @@ async def _serve(config: Config) -> int:
         )
     finally:
         stop_task.cancel()
-        for sig in SHUTDOWN_SIGNALS:
-            loop.remove_signal_handler(sig)
     return exit_code

@@ -2,20 +2,21 @@
 
 A ``DeviceTable`` lives exactly as long as its resource plugin instance, and so does its
 ``HealthHistory``: a device that leaves and returns keeps its history, a new instance
-starts empty. Status reads are passed in as a function so the policy is tested without
-files; the read and the history update happen together under the history lock.
+starts empty. Status readings are passed in, so the policy is tested without files; the
+plugin holds one lock around each batch of reads and the update that applies them, so
+observations reach the history in the order they were read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from rbln_device_plugin.health import Health, HealthHistory, StatusReading, Verdict
 from rbln_device_plugin.inventory import Device
 
-StatusReader = Callable[[Device], StatusReading]
+Readings = Mapping[str, StatusReading]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +66,12 @@ class DeviceTable:
     def get(self, device_id: str) -> Entry | None:
         return self._entries.get(device_id)
 
-    def apply_scan(self, devices: Sequence[Device], read: StatusReader) -> list[Change]:
-        """Read each device's status, feed the history, replace the set; return changes."""
-        with self.history.lock:
-            fresh = {
-                device.name: Entry(device, self.history.observe(device.name, read(device)))
-                for device in devices
-            }
+    def apply_scan(self, devices: Sequence[Device], readings: Readings) -> list[Change]:
+        """Feed each device's status reading to the history, replace the set; return changes."""
+        fresh = {
+            device.name: Entry(device, self.history.observe(device.name, readings[device.name]))
+            for device in devices
+        }
         changes: list[Change] = []
         for name, entry in fresh.items():
             old = self._entries.get(name)
@@ -88,19 +88,15 @@ class DeviceTable:
         self._entries = fresh
         return changes
 
-    def final_check(self, device_ids: Iterable[str], read: StatusReader) -> dict[str, Verdict]:
-        """Allocate's status check: one read per distinct device, recorded in the history.
+    def final_check(self, readings: Readings) -> dict[str, Verdict]:
+        """Allocate's status check: one reading per distinct device, recorded in the history.
 
         The published set is left as it is; the next scan publishes the outcome.
         """
-        verdicts: dict[str, Verdict] = {}
-        with self.history.lock:
-            for device_id in device_ids:
-                if device_id in verdicts:
-                    continue
-                entry = self._entries[device_id]
-                verdicts[device_id] = self.history.observe(device_id, read(entry.device))
-        return verdicts
+        return {
+            device_id: self.history.observe(device_id, reading)
+            for device_id, reading in readings.items()
+        }
 
     def counts(self) -> Counts:
         healthy = sum(1 for entry in self._entries.values() if entry.healthy)

@@ -8,9 +8,6 @@ until a later read actually returns READY.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -88,20 +85,14 @@ class Verdict:
 class HealthHistory:
     """Health history of one resource-plugin instance, keyed by device ID.
 
-    Scans and Allocate's final check feed the same instance. ``lock`` must be held
-    around a status read and its ``observe`` call so that observations are applied in
-    the order they were read.
+    Scans and Allocate's final check feed the same instance. The caller applies
+    observations in the order they were read (the resource plugin holds one lock around
+    each batch of reads and the ``observe`` calls that follow).
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         # Device ID -> lifecycle name of the unresolved Unhealthy observation.
         self._unresolved: dict[str, str] = {}
-
-    @contextmanager
-    def ordered(self) -> Iterator[None]:
-        with self.lock:
-            yield
 
     def observe(self, device_id: str, reading: StatusReading) -> Verdict:
         if reading.code == 0:

@@ -2,10 +2,13 @@
 
 It scans at start and then on a fixed schedule (no drift, no overlap), starts, updates
 and stops plugins to match each snapshot, registers them with the kubelet, re-registers
-after a dropped stream, and restarts everything when the kubelet recreates its socket.
-Kubelet restarts are noticed by polling the identity (inode and change time) of
-``kubelet.sock`` every 200 ms: one ``stat`` call, which works on every hostPath mount and
-needs no inotify watch limits.
+after the kubelet's stream ends, and restarts everything when the kubelet recreates its
+socket (see ``kubeletwatch``).
+
+Nothing here waits for the kubelet: each registration is a task of its own with the
+kubelet API's 10 s limit, so a kubelet that accepts ``Register`` and never answers
+delays neither the other resources nor the scans, and the health service turns SERVING
+after the first scan whatever the kubelet does.
 """
 
 from __future__ import annotations
@@ -14,21 +17,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Final
 
 from opentelemetry import trace
 
 from rbln_device_plugin import cdi
 from rbln_device_plugin.config import Config
+from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.kubeletwatch import KubeletSocketWatch
 from rbln_device_plugin.logs import get_logger
-from rbln_device_plugin.plugin import RegistrationError, ResourcePlugin, file_identity
+from rbln_device_plugin.plugin import RegistrationError, ResourcePlugin
 from rbln_device_plugin.scan import DiscoveryError, Scanner
 
-KUBELET_POLL_S: Final = 0.2
-# A kubelet restart also ends every stream; give the socket watcher time to see the new
-# kubelet.sock first, so a restart causes one registration, not two.
-STREAM_LOSS_GRACE_S: Final = 3 * KUBELET_POLL_S
+# A kubelet restart also ends every stream. Wait this long for its new socket before
+# treating an ended stream as lost on its own (and saying so).
+STREAM_LOSS_GRACE_S: Final = 0.5
 
 log = get_logger()
 
@@ -40,31 +45,36 @@ class Manager:
         tracer: trace.Tracer,
         on_first_scan: Callable[[], Awaitable[None]],
         scanner: Scanner | None = None,
+        hostio: HostIO | None = None,
+        on_scan: Callable[[], None] = lambda: None,
     ) -> None:
         self._config = config
         self._tracer = tracer
         self._on_first_scan = on_first_scan
-        self._scanner = scanner or Scanner(sysfs_root=config.sysfs_root, smi_path=config.rbln_smi)
-        self._kubelet_socket = config.kubelet_dir / "kubelet.sock"
+        self._on_scan = on_scan
+        self._hostio = hostio or HostIO()
+        self._scanner = scanner or Scanner(
+            sysfs_root=config.sysfs_root, smi_path=config.rbln_smi, hostio=self._hostio
+        )
         self.plugins: dict[str, ResourcePlugin] = {}
         self._wake = asyncio.Event()
         # One queue for RSD group changes across all resource plugins of this daemon.
         self._rsd_queue = asyncio.Lock()
-        self._kubelet_identity: tuple[int, int] | None = None
+        self.kubelet = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
         self._restart_pending = False
+        self._tasks: set[asyncio.Task[None]] = set()
         self.scans = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        cdi.remove_transient_specs(self._config.cdi_root)
-        self._kubelet_identity = file_identity(self._kubelet_socket)
-        watcher = asyncio.create_task(self._watch_kubelet(stop), name="kubelet-watch")
+        await self._clean_cdi()
+        watcher = asyncio.create_task(self.kubelet.run(stop), name="kubelet-watch")
         loop = asyncio.get_running_loop()
         interval = self._config.scan_interval
         next_scan = loop.time()
         try:
             while not stop.is_set():
-                await self._restart_if_kubelet_restarted()
-                await self._reconcile()
+                if not await _until_stopped(self._scan_once(), stop):
+                    break
                 if self.scans == 1:
                     await self._on_first_scan()
                 now = loop.time()
@@ -78,7 +88,15 @@ class Manager:
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._stop_all()
+
+    async def _scan_once(self) -> None:
+        self._on_scan()
+        await self._restart_if_kubelet_restarted()
+        await self._reconcile()
 
     # ----------------------------------------------------------------- scanning
     async def _reconcile(self) -> None:
@@ -102,6 +120,7 @@ class Manager:
         await self._restart_if_kubelet_restarted()
         for resource in sorted(set(self.plugins) - set(wanted)):
             plugin = self.plugins.pop(resource)
+            await plugin.update(())  # every device disappears, and is logged as such
             await plugin.stop()
             log.info("Stopped device plugin for absent resource", resourceName=resource)
         for resource in sorted(wanted):
@@ -133,7 +152,12 @@ class Manager:
             plugin = None
         if plugin is None:
             plugin = ResourcePlugin(
-                resource, self._config, self._tracer, self._stream_lost, self._rsd_queue
+                resource,
+                self._config,
+                self._tracer,
+                self._stream_lost,
+                self._rsd_queue,
+                self._hostio,
             )
             try:
                 await plugin.start()
@@ -146,11 +170,10 @@ class Manager:
                 return
             self.plugins[resource] = plugin
         await plugin.update(devices)
-        if not plugin.registered:
-            await self._register(plugin)
-
-    def _stream_lost(self) -> None:
-        asyncio.get_running_loop().call_later(STREAM_LOSS_GRACE_S, self._wake.set)
+        if not plugin.registered and plugin.registration is None:
+            plugin.registration = asyncio.create_task(
+                self._register(plugin), name=f"register {resource}"
+            )
 
     async def _register(self, plugin: ResourcePlugin) -> None:
         try:
@@ -160,41 +183,72 @@ class Manager:
                 "Device plugin registration failed; retrying next scan",
                 resourceName=plugin.resource, err=exc,
             )  # fmt: skip
-            return
-        plugin.announce()
+        else:
+            plugin.announce()
+        finally:
+            plugin.registration = None
+
+    def _stream_lost(self, plugin: ResourcePlugin) -> None:
+        """The kubelet's stream of ``plugin`` ended: a restart, or a stream lost alone."""
+        self._spawn(self._after_stream_loss(plugin), f"stream lost {plugin.resource}")
+
+    async def _after_stream_loss(self, plugin: ResourcePlugin) -> None:
+        await asyncio.sleep(STREAM_LOSS_GRACE_S)
+        self.kubelet.check()
+        if self._restart_pending or self.plugins.get(plugin.resource) is not plugin:
+            return  # a kubelet restart: every plugin starts again, nothing was lost
+        # The kubelet never reopens a stream on its own: register again.
+        plugin.registered = False
+        log.warning("ListAndWatch stream ended; registering again", resourceName=plugin.resource)
+        self._wake.set()
+
+    def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coroutine)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _stop_all(self) -> None:
         plugins, self.plugins = self.plugins, {}
         await asyncio.gather(*(plugin.stop() for plugin in plugins.values()))
 
     # ----------------------------------------------------------------- kubelet
-    async def _watch_kubelet(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await asyncio.sleep(KUBELET_POLL_S)
-            if self._check_kubelet_socket():
-                self._wake.set()
+    def _kubelet_restarted(self) -> None:
+        """A new kubelet.sock: the scan loop restarts the plugins, in one task."""
+        self._restart_pending = True
+        self._wake.set()
 
     async def _restart_if_kubelet_restarted(self) -> None:
-        self._check_kubelet_socket()
+        self.kubelet.check()  # a cheap stat per scan backs up the watch
         if self._restart_pending:
             self._restart_pending = False
             await self._stop_all()
-            cdi.remove_transient_specs(self._config.cdi_root)
+            await self._clean_cdi()
 
-    def _check_kubelet_socket(self) -> bool:
-        """Note a new kubelet.sock; the scan loop does the restart, in one task."""
-        identity = file_identity(self._kubelet_socket)
-        if identity == self._kubelet_identity:
-            return False
-        previous, self._kubelet_identity = self._kubelet_identity, identity
-        if identity is None:
-            return False  # kubelet is down; its new socket is what we wait for
-        log.info(
-            "Detected kubelet socket recreation; restarting device plugins",
-            kubeletSocket=str(self._kubelet_socket), hadSocket=previous is not None,
-        )  # fmt: skip
-        self._restart_pending = True
-        return True
+    async def _clean_cdi(self) -> None:
+        await self._hostio.call(
+            str(self._config.cdi_root), partial(cdi.remove_transient_specs, self._config.cdi_root)
+        )
+
+
+async def _until_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run ``work``; cancel it when ``stop`` is set first. True when it completed."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(stopped, return_exceptions=True)
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()  # re-raise what the work raised
+    return True
 
 
 async def _sleep_until(

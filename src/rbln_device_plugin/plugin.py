@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Final
 
@@ -24,8 +24,9 @@ from rbln_device_plugin.allocate import Allocator
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.devicetable import Change, DeviceTable, Entry, KubeletDevice
-from rbln_device_plugin.health import StatusReading
-from rbln_device_plugin.host import sysfs
+from rbln_device_plugin.health import StatusReading, Verdict
+from rbln_device_plugin.host import paths, sysfs
+from rbln_device_plugin.host.hostio import Call, HostIO
 from rbln_device_plugin.inventory import Device
 from rbln_device_plugin.logs import get_logger
 
@@ -53,20 +54,31 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         resource: str,
         config: Config,
         tracer: trace.Tracer,
-        on_stream_lost: Callable[[], None] = lambda: None,
+        on_stream_lost: Callable[[ResourcePlugin], None] = lambda _: None,
         rsd_queue: asyncio.Lock | None = None,
+        hostio: HostIO | None = None,
     ) -> None:
         self.resource = resource
         self.socket_path = config.kubelet_dir / socket_name(resource)
         self.kubelet_socket = config.kubelet_dir / "kubelet.sock"
         self._config = config
+        self._hostio = hostio or HostIO()
         self.table = DeviceTable()
+        # Held around each batch of status reads and the history update that applies it,
+        # so scan and Allocate observations reach the history in the order they were read.
+        self._observe_lock = asyncio.Lock()
         self._allocator = Allocator(
-            resource, self.table, config, tracer, self._read_status, rsd_queue or asyncio.Lock()
+            resource,
+            self.table,
+            config,
+            tracer,
+            self.check_health,
+            rsd_queue or asyncio.Lock(),
+            self._hostio,
         )
         self._on_stream_lost = on_stream_lost
         self._server: grpc.aio.Server | None = None
-        self._socket_identity: tuple[int, int] | None = None
+        self._socket_identity: paths.FileIdentity | None = None
         self._published: tuple[KubeletDevice, ...] = ()
         self._version = 0
         self._changed = asyncio.Condition()
@@ -74,27 +86,37 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         self.registered = False
         self.announced = False
         self.open_streams = 0
+        # The kubelet opens its ListAndWatch stream right after a registration: the first
+        # stream opened after Register was sent is the kubelet's. Other clients' streams
+        # (debugging, monitoring) get the same updates but never trigger re-registration.
+        self._expecting_kubelet_stream = False
+        self._kubelet_stream: object | None = None
+        self.registration: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        """Serve on the plugin socket (replacing a stale one)."""
-        directory = self.socket_path.parent
-        directory.mkdir(parents=True, exist_ok=True)
+        """Serve on the plugin socket (replacing a stale one), readable by the owner only."""
+        paths.ensure_dir(self.socket_path.parent)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
-        if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
+        # Anyone who can connect can call Allocate and tear down a pod's RSD group: the
+        # socket is created 0600 whatever the process umask (bind happens right here).
+        with paths.umask(0o177):
+            bound = server.add_insecure_port(f"unix:{self.socket_path}")
+        if bound == 0:
             raise RuntimeError(f"cannot listen on {self.socket_path}")
+        os.chmod(self.socket_path, 0o600)
         await server.start()
         self._server = server
-        self._socket_identity = file_identity(self.socket_path)
+        self._socket_identity = paths.file_identity(self.socket_path)
 
     def socket_intact(self) -> bool:
         """False when something deleted or replaced our socket file."""
         return (
             self._socket_identity is not None
-            and file_identity(self.socket_path) == self._socket_identity
+            and paths.file_identity(self.socket_path) == self._socket_identity
         )
 
     async def register(self) -> None:
@@ -104,12 +126,14 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
             resource_name=self.resource,
             options=self._options(),
         )
+        self._expecting_kubelet_stream = True
         try:
             async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
                 stub = api_pb2_grpc.RegistrationStub(channel)
                 await stub.Register(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             self.registered = False
+            self._expecting_kubelet_stream = False
             raise RegistrationError(
                 f"kubelet at {self.kubelet_socket} refused or did not answer: "
                 f"{exc.code().name}: {exc.details()}"
@@ -118,6 +142,10 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.registration is not None:
+            self.registration.cancel()
+            await asyncio.gather(self.registration, return_exceptions=True)
+            self.registration = None
         async with self._changed:
             self._changed.notify_all()
         if self._server is not None:
@@ -129,12 +157,46 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         self._socket_identity = None
 
     # ----------------------------------------------------------------- inventory
-    def _read_status(self, device: Device) -> StatusReading:
-        return sysfs.read_status(self._config.sysfs_root, device.name)
+    async def _read_statuses(self, devices: Iterable[Device]) -> dict[str, StatusReading]:
+        """One off-loop batch of status reads; a read that hangs counts as unreadable."""
+        root = self._config.sysfs_root
+        batch = [
+            (
+                device.name,
+                Call(
+                    sysfs.status_path(root, device.name),
+                    partial(sysfs.read_status, root, device.name),
+                ),
+            )
+            for device in devices
+        ]
+        results = await self._hostio.map([call for _, call in batch])
+        readings: dict[str, StatusReading] = {}
+        for (name, call), result in zip(batch, results, strict=True):
+            reading = (
+                result if isinstance(result, StatusReading) else StatusReading(None, str(result))
+            )
+            if not reading.readable:
+                log.debug(
+                    "Cannot read device status",
+                    resourceName=self.resource, device=name, path=call.key, err=reading.reason,
+                )  # fmt: skip
+            readings[name] = reading
+        return readings
+
+    async def check_health(self, device_ids: Sequence[str]) -> dict[str, Verdict]:
+        """Allocate's final check: read each distinct device once, record it, judge it."""
+        entries = self.table.entries
+        async with self._observe_lock:
+            devices = [entries[i].device for i in dict.fromkeys(device_ids)]
+            readings = await self._read_statuses(devices)
+            return self.table.final_check(readings)
 
     async def update(self, devices: Sequence[Device]) -> list[Change]:
         """Apply one scan's devices; log what changed; wake ListAndWatch if needed."""
-        changes = self.table.apply_scan(devices, self._read_status)
+        async with self._observe_lock:
+            readings = await self._read_statuses(devices)
+            changes = self.table.apply_scan(devices, readings)
         if self.announced:
             self._log_changes(changes)
         view = self.table.kubelet_view()
@@ -197,6 +259,10 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         sent = -1
         self.open_streams += 1
+        token = object()
+        if self._expecting_kubelet_stream:
+            self._expecting_kubelet_stream = False
+            self._kubelet_stream = token
         try:
             while not self._stopping:
                 async with self._changed:
@@ -212,13 +278,11 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
                 )  # fmt: skip
         finally:
             self.open_streams -= 1
-            if not self._stopping and self.open_streams == 0:
-                # The kubelet never reopens a stream on its own: ask for re-registration.
+            if not self._stopping and self._kubelet_stream is token:
+                # The kubelet never reopens a stream on its own: it must be registered again.
+                self._kubelet_stream = None
                 self.registered = False
-                log.warning(
-                    "ListAndWatch stream ended; registering again", resourceName=self.resource
-                )
-                self._on_stream_lost()
+                self._on_stream_lost(self)
 
     def _has_news(self, sent: int) -> bool:
         return self._version != sent or self._stopping
@@ -275,12 +339,3 @@ def _log_exposed(resource: str, entry: Entry) -> None:
 def _natural(name: str) -> tuple[int, ...]:
     """rbln2 before rbln10, for readable logs only (the kubelet order is plain sorting)."""
     return tuple(int(number) for number in re.findall(r"\d+", name))
-
-
-def file_identity(path: os.PathLike[str]) -> tuple[int, int] | None:
-    """Inode and change time: a recreated file can get its predecessor's inode number."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_ino, info.st_ctime_ns

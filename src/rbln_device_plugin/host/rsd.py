@@ -4,6 +4,17 @@ The whole sequence runs under an exclusive flock on a node-wide lock file, so ev
 allocator on the node (other resource plugins, other processes) sees consistent group
 ids. The lock is taken with non-blocking attempts and asyncio sleeps, so waiting for it
 never stalls the event loop.
+
+Every ``rbln-smi`` started under the lock inherits the locked descriptor. A flock
+belongs to the open file, not to the process, so the lock stays held for as long as any
+of those tools runs: if the daemon is killed in the middle of a group change, the
+orphaned tool finishes under the lock, and a successor waits for it instead of handing
+out a group that the orphan is about to destroy.
+
+The reference sequence lists the groups twice (before and after destroying stale
+ones). When none of the requested devices sits in a non-default group there is nothing
+to destroy, and under the lock nothing else changes the groups, so the first listing
+already is the second: one ``rbln-smi -g -j`` and one ``group -c`` suffice.
 """
 
 from __future__ import annotations
@@ -18,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from rbln_device_plugin.host.devnodes import DeviceNodeMissing, wait_for_nodes
+from rbln_device_plugin.host.devnodes import DeviceNodeMissing, NotADeviceNode, wait_for_nodes
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.host.smi import DiscoveryError, SmiError, load_devices, run_smi
 from rbln_device_plugin.inventory import is_valid_bus_id
 from rbln_device_plugin.logs import get_logger
@@ -117,7 +130,7 @@ def npus_for(entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> list[int]
 
 
 def _open_lock_file(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except FileExistsError:
@@ -132,8 +145,11 @@ async def rsd_lock(
     *,
     timeout: float = LOCK_TIMEOUT_S,  # noqa: ASYNC109 - a lock-wait budget
     retry: float = LOCK_RETRY_S,
-) -> AsyncIterator[None]:
-    """Hold an exclusive flock on ``path``; released on every exit path."""
+) -> AsyncIterator[int]:
+    """Hold an exclusive flock on ``path``; released on every exit path.
+
+    Yields the locked descriptor, for the tools that must hold the lock too.
+    """
     try:
         fd = _open_lock_file(path)
     except OSError as exc:
@@ -152,15 +168,15 @@ async def rsd_lock(
                 await asyncio.sleep(retry)
             except OSError as exc:
                 raise RsdError(f"cannot lock {path}: {exc}") from exc
-        yield
+        yield fd
     finally:
         # Closing the descriptor drops the flock too, even if we never got it.
         os.close(fd)
 
 
-async def _smi(smi: Path, args: Sequence[str], limit: float, step: str) -> str:
+async def _smi(smi: Path, args: Sequence[str], limit: float, step: str, lock_fd: int) -> str:
     try:
-        return await run_smi(smi, args, limit)
+        return await run_smi(smi, args, limit, pass_fds=(lock_fd,))
     except SmiError as exc:
         raise RsdError(f"{step}: {exc}") from exc
 
@@ -168,6 +184,7 @@ async def _smi(smi: Path, args: Sequence[str], limit: float, step: str) -> str:
 async def recreate_rsd_group(
     smi: Path,
     bus_ids: Sequence[str],
+    hostio: HostIO,
     *,
     lock_path: Path = DEFAULT_LOCK_PATH,
     dev_root: Path = Path("/dev"),
@@ -176,8 +193,13 @@ async def recreate_rsd_group(
     change_timeout: float = CHANGE_TIMEOUT_S,
     node_timeout: float = NODE_TIMEOUT_S,
     node_poll: float = NODE_POLL_S,
+    always_relist: bool = False,
 ) -> RsdGroup:
-    """Put exactly ``bus_ids`` into a new RSD group and wait for its device node."""
+    """Put exactly ``bus_ids`` into a new RSD group and wait for its device node.
+
+    ``always_relist`` runs the reference four-step sequence even when nothing is
+    destroyed (tests compare the two).
+    """
     started = time.monotonic()
     wanted = sorted({bus_id.lower() for bus_id in bus_ids})
     if not wanted:
@@ -185,30 +207,40 @@ async def recreate_rsd_group(
     bad = [bus_id for bus_id in wanted if not is_valid_bus_id(bus_id)]
     if bad:
         raise RsdError(f"invalid bus IDs {bad}")
-    async with rsd_lock(lock_path, timeout=lock_timeout):
-        before = parse_groups(await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups"))
-        stale = groups_to_destroy(before, wanted)
+    async with rsd_lock(lock_path, timeout=lock_timeout) as fd:
+
+        async def listing() -> list[GroupEntry]:
+            text = await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups", fd)
+            return parse_groups(text)
+
+        entries = await listing()
+        stale = groups_to_destroy(entries, wanted)
         if stale:
             joined = ",".join(stale)
-            await _smi(smi, ["group", "-d", joined], change_timeout, f"destroying groups {joined}")
-        after = parse_groups(await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups"))
-        group_id = next_group_id(after)
-        npus = ",".join(str(npu) for npu in npus_for(after, wanted))
+            await _smi(
+                smi, ["group", "-d", joined], change_timeout, f"destroying groups {joined}", fd
+            )
+        if stale or always_relist:
+            entries = await listing()
+        group_id = next_group_id(entries)
+        npus = ",".join(str(npu) for npu in npus_for(entries, wanted))
         await _smi(
             smi,
             ["group", "-c", str(group_id), "-a", npus],
             change_timeout,
             f"creating group {group_id}",
+            fd,
         )
         host_path = dev_root / f"rsd{group_id}"
         try:
-            await wait_for_nodes([host_path], timeout=node_timeout, interval=node_poll)
-        except DeviceNodeMissing as exc:
+            await wait_for_nodes([host_path], hostio, timeout=node_timeout, interval=node_poll)
+        except (DeviceNodeMissing, NotADeviceNode) as exc:
             raise RsdError(f"created group {group_id}, but {exc}") from exc
     fields: dict[str, Any] = {
         "groupId": group_id,
         "busIDs": wanted,
         "hostRsdPath": str(host_path),
+        "destroyedGroups": stale,
         "durationMs": round((time.monotonic() - started) * 1000, 1),
     }
     log.debug("Recreated RSD group", **fields)

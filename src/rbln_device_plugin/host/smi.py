@@ -148,11 +148,13 @@ async def run_smi(
     timeout: float,  # noqa: ASYNC109 - the tool's deadline; it is killed when it passes
     *,
     max_output: int = MAX_OUTPUT_BYTES,
+    pass_fds: Sequence[int] = (),
 ) -> str:
     """Run ``binary args`` (no shell, stdin closed) and return its stdout.
 
     The process is killed on timeout, on oversized output and on cancellation. Raises
     SmiError naming the command, duration, exit status and the trimmed output.
+    ``pass_fds`` are inherited by the tool (the RSD lock: see ``rsd``).
     """
     command = " ".join([str(binary), *args])
     started = time.monotonic()
@@ -168,6 +170,7 @@ async def run_smi(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
     except OSError as exc:
         raise SmiError(f"`{command}` could not be started: {exc}") from exc
