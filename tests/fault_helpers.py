@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.instancelock import LOCK_NAME
 from rbln_device_plugin.plugin import socket_name
 from rbln_device_plugin.sim.kubelet import KubeletStub
 from rbln_device_plugin.sim.layout import Layout, preset
@@ -106,6 +107,11 @@ async def allocate_direct(
 # --------------------------------------------------------------------------- leak checks
 def expected_sockets(resources: Iterable[str]) -> list[str]:
     return sorted(["kubelet.sock", *(socket_name(r) for r in resources)])
+
+
+def expected_entries(resources: Iterable[str]) -> list[str]:
+    """The kubelet directory of a running daemon: sockets plus its instance lock file."""
+    return sorted([*expected_sockets(resources), LOCK_NAME])
 
 
 def lock_is_free(path: Path) -> bool:

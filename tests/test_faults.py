@@ -33,6 +33,7 @@ from .fault_helpers import (
     FaultHarness,
     allocate_direct,
     assert_settles,
+    expected_entries,
     expected_sockets,
     groups_are_consistent,
     launch,
@@ -345,7 +346,7 @@ async def test_kubelet_directory_renamed_away_and_back() -> None:
         view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0, 10)
         assert view.count("Healthy") == 4
         await assert_settles(h, base, [NPU])
-        assert h.entries() == expected_sockets([NPU])
+        assert h.entries() == expected_entries([NPU])
 
 
 async def test_kubelet_directory_deleted_then_kubelet_comes_back() -> None:
@@ -361,7 +362,7 @@ async def test_kubelet_directory_deleted_then_kubelet_comes_back() -> None:
         view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0, 10)
         assert view.count("Healthy") == 4
         await assert_settles(h, base, [NPU])
-        assert h.entries() == expected_sockets([NPU])
+        assert h.entries() == expected_entries([NPU])
 
 
 # ---------------------------------------------------------------- f. stale socket files
@@ -389,7 +390,7 @@ async def test_stale_files_at_plugin_socket_paths_are_replaced() -> None:
         await registered(h, SRIOV_COUNTS)
         base = await take_baseline(h, list(SRIOV_COUNTS))
         await assert_settles(h, base, list(SRIOV_COUNTS))
-        assert h.entries() == expected_sockets(SRIOV_COUNTS)
+        assert h.entries() == expected_entries(SRIOV_COUNTS)
         response = await h.kubelet.allocate(NPU, [["rbln2"]])
         assert len(response.container_responses) == 1
 
@@ -502,6 +503,6 @@ async def test_sigkilled_daemon_is_replaced_by_a_clean_instance() -> None:
         assert view is not None and view.health("rbln2") == "Healthy"
         base = await take_baseline(h, list(SRIOV_COUNTS))
         await assert_settles(h, base, list(SRIOV_COUNTS))
-        assert h.entries() == expected_sockets(SRIOV_COUNTS)
+        assert h.entries() == expected_entries(SRIOV_COUNTS)
         response = await h.kubelet.allocate(VF1, [["rbln1-0"]])
         assert len(response.container_responses) == 1

@@ -17,14 +17,23 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+from rbln_device_plugin.host import inotify
 from rbln_device_plugin.host.paths import FileIdentity, file_identity
 from rbln_device_plugin.logs import get_logger
 
 KUBELET_SOCKET: Final = "kubelet.sock"
 # Polling is the fallback only; with inotify nothing wakes up while the node is idle.
 FALLBACK_POLL_S: Final = 1.0
+
+_EVENTS: Final = (
+    inotify.IN_CREATE | inotify.IN_MOVED_TO | inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF
+)
+# The watched directory itself went away (deleted, renamed, unmounted): watch anew.
+_GONE: Final = (
+    inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_IGNORED | inotify.IN_UNMOUNT
+)
 
 log = get_logger()
 
@@ -38,6 +47,7 @@ class KubeletSocketWatch:
         self._on_restart = on_restart
         self.identity: FileIdentity | None = file_identity(self.socket_path)
         self.mode = "starting"  # "inotify" or "poll", for logs and tests
+        self._poll_reason = ""
 
     def check(self) -> bool:
         """Compare the socket with the last one seen; True (and the callback) when new."""
@@ -57,41 +67,41 @@ class KubeletSocketWatch:
     async def run(self, stop: asyncio.Event) -> None:
         """Watch until ``stop``; switches between inotify and polling as conditions allow."""
         while not stop.is_set():
-            inotify = _open_inotify(self.directory)
-            if inotify is None:
+            try:
+                watch = inotify.DirectoryWatch(self.directory, _EVENTS)
+            except inotify.InotifyUnavailable as exc:
+                self._poll_reason = str(exc)
                 await self._poll_once(stop)
                 continue
             try:
-                self._set_mode("inotify")
-                self.check()  # anything that happened before the watch existed
-                await self._follow(inotify, stop)
+                await self._follow(watch, stop)
             finally:
-                inotify.close()
+                watch.close()
 
-    async def _follow(self, inotify: Any, stop: asyncio.Event) -> None:
+    async def _follow(self, watch: inotify.DirectoryWatch, stop: asyncio.Event) -> None:
         """Handle events until stop, or until the directory itself goes away."""
-        from asyncinotify import Mask
+        ended = asyncio.Event()
 
-        gone = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED | Mask.UNMOUNT
-        stopped = asyncio.ensure_future(stop.wait())
+        def on_events(events: list[inotify.Event]) -> None:
+            for event in events:
+                if event.mask & _GONE:
+                    ended.set()
+                elif event.mask & inotify.IN_Q_OVERFLOW or event.name == KUBELET_SOCKET:
+                    self.check()
+            if ended.is_set():
+                log.debug("Kubelet directory watch ended", path=str(self.directory))
+                self.check()
+
+        watch.start(on_events)
+        self._set_mode("inotify")
+        self.check()  # anything that happened before the watch existed
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ended.wait())]
         try:
-            while True:
-                event = asyncio.ensure_future(inotify.get())
-                done, _ = await asyncio.wait({event, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if stopped in done:
-                    event.cancel()
-                    await asyncio.gather(event, return_exceptions=True)
-                    return
-                item = event.result()
-                if item.mask & gone:
-                    log.debug("Kubelet directory watch ended", path=str(self.directory))
-                    self.check()
-                    return
-                if item.mask & Mask.Q_OVERFLOW or (item.name and str(item.name) == KUBELET_SOCKET):
-                    self.check()
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopped.cancel()
-            await asyncio.gather(stopped, return_exceptions=True)
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
 
     async def _poll_once(self, stop: asyncio.Event) -> None:
         self._set_mode("poll")
@@ -102,27 +112,8 @@ class KubeletSocketWatch:
     def _set_mode(self, mode: str) -> None:
         if mode != self.mode:
             level = log.debug if mode == "inotify" or self.mode == "starting" else log.info
-            level(
-                "Watching for kubelet restarts",
-                mode=mode, path=str(self.directory), previousMode=self.mode,
-            )  # fmt: skip
+            fields: dict[str, object] = {"mode": mode, "path": str(self.directory), "previousMode": self.mode}
+            if mode == "poll":
+                fields.update(reason=self._poll_reason, pollSeconds=FALLBACK_POLL_S)
+            level("Watching for kubelet restarts", **fields)
             self.mode = mode
-
-
-def _open_inotify(directory: Path) -> Any | None:
-    """An inotify instance watching ``directory``, or None where that is impossible."""
-    try:
-        from asyncinotify import Inotify, Mask
-    except (ImportError, OSError):  # not Linux, or no libc inotify symbols
-        return None
-    try:
-        inotify = Inotify()
-    except OSError:
-        return None
-    mask = Mask.CREATE | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
-    try:
-        inotify.add_watch(directory, mask)
-    except OSError:  # the directory is missing, or the watch limit is reached
-        inotify.close()
-        return None
-    return inotify

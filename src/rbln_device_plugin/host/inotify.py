@@ -1,0 +1,108 @@
+"""A minimal inotify directory watch on the event loop (Linux).
+
+The inotify library bindings on PyPI locate libc with ``ctypes.util.find_library``,
+which runs ``/sbin/ldconfig`` (and may look for a C compiler on ``PATH``): the daemon
+must run no program but ``rbln-smi``. The three calls needed here are resolved from the
+libc the interpreter is already linked against instead, and the descriptor is served
+by the event loop's reader callbacks, so an idle watch costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+IN_MOVED_TO: Final = 0x00000080
+IN_CREATE: Final = 0x00000100
+IN_DELETE_SELF: Final = 0x00000400
+IN_MOVE_SELF: Final = 0x00000800
+IN_UNMOUNT: Final = 0x00002000
+IN_Q_OVERFLOW: Final = 0x00004000
+IN_IGNORED: Final = 0x00008000
+IN_ONLYDIR: Final = 0x01000000
+IN_NONBLOCK: Final = os.O_NONBLOCK
+IN_CLOEXEC: Final = os.O_CLOEXEC
+
+_HEADER: Final = struct.Struct("iIII")  # wd, mask, cookie, len
+_READ_SIZE: Final = 64 * 1024
+
+
+class InotifyUnavailable(OSError):
+    """No inotify here: not Linux, no such libc symbols, or the kernel refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    mask: int
+    name: str  # the entry inside the watched directory ("" for the directory itself)
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    for symbol in ("inotify_init1", "inotify_add_watch"):
+        if not hasattr(libc, symbol):
+            raise InotifyUnavailable(errno.ENOSYS, f"libc has no {symbol}")
+    return libc
+
+
+class DirectoryWatch:
+    """Delivers events about entries of one directory to ``on_events`` on the loop."""
+
+    def __init__(self, directory: os.PathLike[str] | str, mask: int) -> None:
+        try:
+            libc = _libc()
+        except OSError as exc:
+            raise InotifyUnavailable(exc.errno or errno.ENOSYS, str(exc)) from None
+        fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            code = ctypes.get_errno()
+            raise InotifyUnavailable(code, f"inotify_init1: {os.strerror(code)}")
+        path = os.fsencode(directory)
+        if libc.inotify_add_watch(fd, path, mask | IN_ONLYDIR) < 0:
+            code = ctypes.get_errno()
+            os.close(fd)
+            raise InotifyUnavailable(code, f"inotify_add_watch {directory!s}: {os.strerror(code)}")
+        self._fd: int | None = fd
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, on_events: Callable[[list[Event]], None]) -> None:
+        if self._fd is None:
+            raise ValueError("watch is closed")
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._readable, on_events)
+
+    def _readable(self, on_events: Callable[[list[Event]], None]) -> None:
+        if self._fd is None:
+            return
+        try:
+            data = os.read(self._fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        on_events(parse_events(data))
+
+    def close(self) -> None:
+        if self._fd is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = None
+
+
+def parse_events(data: bytes) -> list[Event]:
+    """Split a read of the inotify descriptor into events (names are NUL-padded)."""
+    events: list[Event] = []
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        _, mask, _, length = _HEADER.unpack_from(data, offset)
+        start = offset + _HEADER.size
+        raw = data[start : start + length].split(b"\0", 1)[0]
+        events.append(Event(mask, os.fsdecode(raw)))
+        offset = start + length
+    return events
