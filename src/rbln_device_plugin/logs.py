@@ -31,7 +31,7 @@ _LEVELS: Final[Mapping[str, int]] = {
     "info": logging.INFO,
     "debug": logging.DEBUG,
 }
-_FORMATS: Final = ("json", "text")
+FORMATS: Final = ("json", "text")
 
 # structlog method name -> the level word printed in records.
 _LEVEL_WORDS: Final[Mapping[str, str]] = {
@@ -58,6 +58,16 @@ class LogSettings:
     fallbacks: tuple[tuple[str, str, str], ...]
 
 
+def describe_levels() -> str:
+    """The accepted level spellings for help text: "error, warning (or warn), info, debug"."""
+    spellings: dict[int, list[str]] = {}
+    for name, number in _LEVELS.items():
+        spellings.setdefault(number, []).append(name)
+    return ", ".join(
+        names[0] + "".join(f" (or {alias})" for alias in names[1:]) for names in spellings.values()
+    )
+
+
 def resolve_settings(environ: Mapping[str, str]) -> LogSettings:
     """Read the two logging variables; invalid values fall back to the defaults."""
     fallbacks: list[tuple[str, str, str]] = []
@@ -68,7 +78,7 @@ def resolve_settings(environ: Mapping[str, str]) -> LogSettings:
         level_name = DEFAULT_LEVEL
     raw_format = environ.get(FORMAT_ENV, "").strip()
     fmt = raw_format.lower() or DEFAULT_FORMAT
-    if fmt not in _FORMATS:
+    if fmt not in FORMATS:
         fallbacks.append((FORMAT_ENV, raw_format, DEFAULT_FORMAT))
         fmt = DEFAULT_FORMAT
     return LogSettings(_LEVELS[level_name], _LEVEL_WORDS[level_name], fmt, tuple(fallbacks))
