@@ -148,6 +148,12 @@ def test_port_in_use_exits_1_with_a_clear_record(short_tmp: Path) -> None:
     assert code == 1
     (record,) = daemon.find("Cannot start healthcheck service")
     assert record["level"] == "error" and str(port) in record["err"]
+    assert "GRPC_VERBOSITY" not in record["err"]  # the detail is in the log, not behind a knob
+    # gRPC's C core explains the bind failure; that line is a record, not raw stderr.
+    core = [r for r in daemon.records if r.get("component") == "grpc" and "source" in r]
+    assert any("Address already in use" in r["msg"] for r in core), daemon.records
+    assert all(r["level"] == "warn" and r["source"].split(":")[0].endswith(".cc") for r in core)
+    assert "Address already in use" not in daemon.stderr
     assert "Traceback" not in daemon.stderr
 
 

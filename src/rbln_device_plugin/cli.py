@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from rbln_device_plugin import __version__, config, logs
+from rbln_device_plugin import __version__, config, grpc_core_log, logs
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
 
     log.info("Starting rbln-device-plugin", version=__version__, config=cfg.describe())
+    # From here on gRPC's C-core lines on fd 2 become component=grpc records.
+    relay = grpc_core_log.install()
     try:
         from rbln_device_plugin import daemon  # imports grpc: after GRPC_VERBOSITY is set
 
@@ -138,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         log.error("Unexpected internal error; exiting", err=exc, exc_info=True)
         return EXIT_FAILURE
+    finally:
+        if relay is not None:
+            relay.stop()
 
 
 if __name__ == "__main__":
