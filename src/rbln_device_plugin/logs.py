@@ -101,7 +101,8 @@ def _renderer(fmt: str) -> structlog.typing.Processor:
         return structlog.processors.LogfmtRenderer(
             key_order=["ts", "level", "msg"], drop_missing=True, bool_as_flag=False
         )
-    return structlog.processors.JSONRenderer(sort_keys=False, default=str)
+    # Compact, like the README's sample records: {"ts":"...","level":"warn",...}.
+    return structlog.processors.JSONRenderer(sort_keys=False, default=str, separators=(",", ":"))
 
 
 class _LockedStream:
@@ -179,7 +180,11 @@ def _caller_field(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
 
 
 def _order_keys(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
-    """ts, level, msg first: a reader scanning raw JSON finds them in the same place."""
+    """ts, level, msg first: a reader scanning raw JSON finds them in the same place.
+
+    The event's own keys follow in the order the call site gave them, which is the order
+    the logging catalogue lists them in; added keys (caller, exception) come last.
+    """
     ordered: dict[str, Any] = {}
     for key in ("ts", "level", "msg"):
         if key in event_dict:
