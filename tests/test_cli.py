@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin import __version__, config
+from rbln_device_plugin import __version__, config, logs
 
 from .daemon_process import DaemonProcess
 
@@ -35,7 +36,32 @@ def test_help_goes_to_stderr_and_lists_every_flag() -> None:
     for option in config.OPTIONS:
         assert option.flag in help_text
         assert f"env {option.env}" in help_text
-        assert f"default {option.default or '(empty)'}" in help_text
+        assert f"default {option.help_default}" in help_text
+
+
+def test_help_shows_defaults_and_limits_as_the_readme_does() -> None:
+    help_text = " ".join(run("--help").stderr.split())
+    assert "RBLN_SMI_PATH; default search]" in help_text
+    assert "DEVICE_SCAN_INTERVAL; default 5s]" in help_text
+    assert "at most 24h0m0s" in help_text  # Go's spelling, not 24h
+    levels = help_text.split(f"{logs.LEVEL_ENV} accepts ", 1)[1].split(" (default", 1)[0]
+    listed = re.findall(r"[a-z]+", levels.replace("(or ", ""))
+    assert listed == ["error", "warning", "warn", "info", "debug"]
+    for spelling in listed:  # each one listed is really accepted
+        assert not logs.resolve_settings({logs.LEVEL_ENV: spelling}).fallbacks
+
+
+def test_negative_interval_after_a_space_names_the_flag_like_after_equals() -> None:
+    spaced = run("--device-scan-interval", "-1s")
+    joined = run("--device-scan-interval=-1s")
+    for result in (spaced, joined):
+        assert result.returncode == 2
+        (record,) = [json.loads(line) for line in result.stdout.splitlines()]
+        assert record["err"] == (
+            "--device-scan-interval / DEVICE_SCAN_INTERVAL: interval must be positive, got '-1s'"
+        )
+    assert spaced.stderr == joined.stderr
+    assert "expected one argument" not in spaced.stderr
 
 
 def test_version_goes_to_stderr() -> None:
@@ -67,7 +93,7 @@ def test_usage_error_respects_text_format() -> None:
     assert "level=error" in result.stdout
 
 
-def _daemon_args(tmp: Path, port: str = "0") -> list[str]:
+def _daemon_args(tmp: Path, port: str = "0", interval: str = "200ms") -> list[str]:
     missing_smi = tmp / "no-rbln-smi"
     return [
         "--kubelet-device-plugin-path", str(tmp / "kubelet"),
@@ -77,17 +103,17 @@ def _daemon_args(tmp: Path, port: str = "0") -> list[str]:
         "--rbln-smi", str(missing_smi),
         "--rsd-lock-path", str(tmp / "rsd.lock"),
         "--healthcheck-port", port,
-        "--device-scan-interval", "200ms",
+        "--device-scan-interval", interval,
     ]  # fmt: skip
 
 
 def test_startup_logs_version_and_resolved_configuration(short_tmp: Path) -> None:
-    daemon = DaemonProcess(_daemon_args(short_tmp))
+    daemon = DaemonProcess(_daemon_args(short_tmp, interval="90m"))
     try:
         (start,) = daemon.wait_for("Starting rbln-device-plugin")
         assert start["version"] == __version__
         assert start["config"]["kubeletDir"] == str(short_tmp / "kubelet")
-        assert start["config"]["scanInterval"] == "200ms"
+        assert start["config"]["scanInterval"] == "1h30m0s"  # as Go prints 90 minutes
         daemon.wait_for("Started healthcheck service")
     finally:
         assert daemon.stop() == 0
@@ -122,6 +148,12 @@ def test_port_in_use_exits_1_with_a_clear_record(short_tmp: Path) -> None:
     assert code == 1
     (record,) = daemon.find("Cannot start healthcheck service")
     assert record["level"] == "error" and str(port) in record["err"]
+    assert "GRPC_VERBOSITY" not in record["err"]  # the detail is in the log, not behind a knob
+    # gRPC's C core explains the bind failure; that line is a record, not raw stderr.
+    core = [r for r in daemon.records if r.get("component") == "grpc" and "source" in r]
+    assert any("Address already in use" in r["msg"] for r in core), daemon.records
+    assert all(r["level"] == "warn" and r["source"].split(":")[0].endswith(".cc") for r in core)
+    assert "Address already in use" not in daemon.stderr
     assert "Traceback" not in daemon.stderr
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rbln_device_plugin import cli, config
-from rbln_device_plugin.config import parse_duration
+from rbln_device_plugin.config import format_duration, parse_duration
 
 
 def resolve(argv: list[str], env: dict[str, str] | None = None) -> config.Config:
@@ -69,6 +69,27 @@ def test_go_durations_parse(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
+# What Go's time.Duration.String prints for the same durations.
+@pytest.mark.parametrize(
+    ("seconds", "go"),
+    [(0, "0s"), (1e-9, "1ns"), (999e-9, "999ns"), (1.5e-6, "1.5µs"), (5e-4, "500µs"),
+     (0.2, "200ms"), (0.0015, "1.5ms"), (1, "1s"), (1.5, "1.5s"), (5, "5s"), (60, "1m0s"),
+     (90, "1m30s"), (3600, "1h0m0s"), (5400, "1h30m0s"), (3661.001, "1h1m1.001s"),
+     (86400, "24h0m0s"), (-5, "-5s"), (-5400, "-1h30m0s")],
+)  # fmt: skip
+def test_durations_print_as_go_prints_them(seconds: float, go: str) -> None:
+    assert format_duration(seconds) == go
+
+
+@pytest.mark.parametrize(
+    ("text", "go"),
+    [("1h30m", "1h30m0s"), ("90m", "1h30m0s"), ("1.5h", "1h30m0s"), ("5400s", "1h30m0s"),
+     ("2h", "2h0m0s"), ("300s", "5m0s"), ("1m30s", "1m30s"), ("1500ms", "1.5s")],
+)  # fmt: skip
+def test_parsed_durations_print_in_go_form(text: str, go: str) -> None:
+    assert format_duration(parse_duration(text)) == go
+
+
 @pytest.mark.parametrize("text", ["", "5", "s", "5 s", "5x", "1m30", "ms5", "--5s", "5s5"])
 def test_bad_durations_are_rejected(text: str) -> None:
     with pytest.raises(ValueError):
@@ -118,11 +139,38 @@ def test_kubelet_dir_too_long_for_unix_sockets_is_rejected() -> None:
     assert "too long" in str(caught.value)
 
 
+def test_too_long_interval_names_the_limit_in_go_form() -> None:
+    with pytest.raises(cli.UsageError, match="longer than 24h0m0s"):
+        resolve(["--device-scan-interval", "25h"])
+
+
+@pytest.mark.parametrize("value", ["-1s", "-5m", "-1"])
+def test_a_negative_interval_after_a_space_is_the_same_error_as_after_equals(value: str) -> None:
+    with pytest.raises(cli.UsageError) as spaced:
+        resolve(["--device-scan-interval", value])
+    with pytest.raises(cli.UsageError) as joined:
+        resolve([f"--device-scan-interval={value}"])
+    assert str(spaced.value) == str(joined.value)
+    assert "--device-scan-interval / DEVICE_SCAN_INTERVAL" in str(spaced.value)
+
+
+def test_a_dash_value_is_taken_by_any_value_flag() -> None:
+    assert resolve(["--node-name", "-edge-7"]).node_name == "-edge-7"
+    assert resolve(["--healthcheck-port", "-1"]).healthcheck_port == -1
+
+
+def test_a_missing_value_is_still_a_usage_error() -> None:
+    with pytest.raises(cli.UsageError, match="expected one argument"):
+        resolve(["--device-scan-interval", "--cdi-root", "/x"])
+    with pytest.raises(cli.UsageError):
+        resolve(["--", "--node-name", "-x"])
+
+
 def test_config_is_frozen_and_describes_itself() -> None:
-    cfg = resolve(["--device-scan-interval", "1m30s"])
+    cfg = resolve(["--device-scan-interval", "1h30m"])
     with pytest.raises(AttributeError):
         cfg.scan_interval = 1.0  # type: ignore[misc]
     described = cfg.describe()
-    assert described["scanInterval"] == "1m30s"
+    assert described["scanInterval"] == "1h30m0s"
     assert described["kubeletDir"] == "/var/lib/kubelet/device-plugins"
     assert described["rblnSmi"] == "(search)"

@@ -48,7 +48,7 @@ def test_each_status_code_has_its_name_and_only_ready_is_healthy(
 
 @pytest.mark.parametrize(
     "text",
-    ["", "   \n", "READY", "0x1", "1.0", "1 2", "٣", "1_0", "9" * 19, "\x00", "+"],
+    ["", "   \n", "READY", "0x1", "1.0", "1 2", "٣", "1_0", "9" * 5000, "\x00", "+"],
     ids=[
         "empty",
         "blank",
@@ -58,7 +58,7 @@ def test_each_status_code_has_its_name_and_only_ready_is_healthy(
         "two",
         "arabic",
         "underscore",
-        "huge",
+        "longer-than-a-sysfs-page",
         "nul",
         "sign",
     ],
@@ -68,6 +68,26 @@ def test_malformed_status_is_unreadable_with_a_reason(text: str) -> None:
     assert reading.code is None
     assert reading.name == "UNREADABLE"
     assert reading.reason.startswith("malformed status")
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("1000000000000000000", "UNKNOWN(1000000000000000000)"),
+        ("18446744073709551615", "UNKNOWN(18446744073709551615)"),  # 2**64 - 1, in full
+        ("-99999999999999999999", "UNKNOWN(-99999999999999999999)"),
+        ("7" * 21, "UNKNOWN(7777777777777777...21 digits)"),
+        ("1" + "0" * 4000 + "\n", "UNKNOWN(1000000000000000...4001 digits)"),
+        ("00", "READY"),
+    ],
+)
+def test_any_integer_is_a_lifecycle_code_printed_within_bounds(text: str, name: str) -> None:
+    reading = parse_status(text)
+    assert reading.readable
+    assert reading.name == name
+    assert len(reading.name) <= len("UNKNOWN(-") + 40
+    expected = Health.HEALTHY if name == "READY" else Health.UNHEALTHY
+    assert HealthHistory().observe("rbln0", reading).health is expected
 
 
 def test_whitespace_around_the_code_is_accepted() -> None:

@@ -24,6 +24,28 @@ def records(out: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
+def test_json_is_compact_and_keeps_the_call_sites_key_order() -> None:
+    out, _ = install({})
+    logs.get_logger().warning(
+        "Device state changed", resourceName="rebellions.ai/npu", device="rbln3",
+        health="Unhealthy", status="FAULT", deviceCount=8,
+    )  # fmt: skip
+    line = out.getvalue().strip()
+    assert line.startswith('{"ts":"')
+    assert line.endswith(
+        '"level":"warn","msg":"Device state changed","resourceName":"rebellions.ai/npu",'
+        '"device":"rbln3","health":"Unhealthy","status":"FAULT","deviceCount":8}'
+    )
+    assert ", " not in line and '": ' not in line
+
+
+def test_added_keys_come_after_the_events_own() -> None:
+    out, _ = install({logs.LEVEL_ENV: "debug"})
+    logs.get_logger().info("Device exposed", zeta=1, alpha=2)
+    (record,) = records(out)
+    assert list(record) == ["ts", "level", "msg", "zeta", "alpha", "caller"]
+
+
 def test_json_record_has_ts_level_msg_and_event_keys() -> None:
     out, _ = install({})
     logs.get_logger().warning("Device state changed", device="rbln3", err=OSError("boom"))

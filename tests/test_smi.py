@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import stat
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from rbln_device_plugin import logs
 from rbln_device_plugin.host.smi import (
     DiscoveryError,
     SmiError,
@@ -287,7 +289,8 @@ def test_parse_accepts_numbers_where_strings_are_usual() -> None:
         '"devices"',
         "{}",
         '{"devices": {}}',
-        '{"devices": null}',
+        '{"devices": "none"}',
+        '{"KMD_version": "1.2", "Devices": null}',
         "[" * 100_000,
         '{"devices": [' + "1" * 5000 + "]}",
     ],
@@ -300,7 +303,8 @@ def test_parse_accepts_numbers_where_strings_are_usual() -> None:
         "string",
         "no-devices",
         "devices-object",
-        "devices-null",
+        "devices-string",
+        "devices-key-misspelt",
         "deep",
         "huge-int",
     ],
@@ -308,6 +312,15 @@ def test_parse_accepts_numbers_where_strings_are_usual() -> None:
 def test_malformed_top_level_is_a_discovery_error(text: str) -> None:
     with pytest.raises(DiscoveryError, match="rbln-smi"):
         parse_inventory(text)
+
+
+def test_null_devices_is_an_empty_inventory_with_a_debug_record() -> None:
+    out = io.StringIO()
+    logs.install({logs.LEVEL_ENV: "debug"}, stream=out)
+    assert parse_inventory('{"KMD_version": "1.2.0", "devices": null}') == ([], [])
+    (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert record["level"] == "debug"
+    assert "null" in record["msg"]
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,13 @@ def test_status_file_values(tmp_path: Path, content: str, name: str) -> None:
     assert read_status(tmp_path, "rbln0").name == name
 
 
+def test_a_huge_integer_status_is_unknown_not_unreadable(tmp_path: Path) -> None:
+    write_status(tmp_path, "rbln0", "1000000000000000000\n")
+    assert read_status(tmp_path, "rbln0").name == "UNKNOWN(1000000000000000000)"
+    write_status(tmp_path, "rbln1", "9" * 4000 + "\n")  # still within one sysfs page
+    assert read_status(tmp_path, "rbln1").name == "UNKNOWN(9999999999999999...4000 digits)"
+
+
 def test_missing_status_file_is_unreadable(tmp_path: Path) -> None:
     reading = read_status(tmp_path, "rbln0-1")
     assert reading.name == "UNREADABLE"
@@ -69,7 +76,7 @@ def test_binary_status_file_is_unreadable(tmp_path: Path) -> None:
 def test_huge_status_file_is_not_read_whole(tmp_path: Path) -> None:
     write_status(tmp_path, "rbln0", "0" + " " * 10_000_000)
     reading = read_status(tmp_path, "rbln0")
-    assert reading.code is None and "more than" in reading.reason
+    assert reading.code is None and "more than 4096 bytes" in reading.reason
 
 
 def test_status_path_that_is_a_directory_is_unreadable(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from rbln_device_plugin.allocate import MAX_UNWORKED_CONTAINER_SPANS
 from rbln_device_plugin.sim.state import Fault
 from rbln_device_plugin.tracing import EndpointError, parse_endpoint
 
@@ -135,6 +136,14 @@ async def test_allocate_spans_reach_the_collector_with_attributes_and_resource()
         assert parent.status.code != ERROR
 
 
+def _exception_messages(span: Any) -> list[str]:
+    return [
+        str(attrs(event).get("exception.message", ""))
+        for event in span.events
+        if event.name == "exception"
+    ]
+
+
 async def test_failed_allocations_produce_error_spans() -> None:
     async with (
         receiver() as (collector, port),
@@ -143,12 +152,71 @@ async def test_failed_allocations_produce_error_spans() -> None:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         h.node.inject_fault(Fault("error", commands=("group-create",)))
         with pytest.raises(grpc.aio.AioRpcError):
-            await h.kubelet.allocate(NPU, [["rbln0"]])
-        spans = await collector.wait_spans(2)
-        by_name = {span.name: span for _, span in spans}
-        for name in ("Allocate", "allocateContainer"):
-            assert by_name[name].status.code == ERROR, name
-            assert any(event.name == "exception" for event in by_name[name].events), name
+            await h.kubelet.allocate(NPU, [["rbln0"], ["rbln2", "rbln3"]])
+        spans = await collector.wait_spans(3)
+        (parent,) = [span for _, span in spans if span.name == "Allocate"]
+        failed, skipped = [span for _, span in spans if span.name == "allocateContainer"]
+        assert parent.status.code == ERROR and _exception_messages(parent)
+        assert failed.parent_span_id == skipped.parent_span_id == parent.span_id
+        assert attrs(failed)["rbln.device.ids"] == ["rbln0"]
+        assert failed.status.code == ERROR
+        assert any("injected failure" in m for m in _exception_messages(failed))
+        # The second container never reached the host: still traced, as not attempted.
+        assert attrs(skipped)["rbln.device.ids"] == ["rbln2", "rbln3"]
+        assert attrs(skipped)["rbln.device.bus_ids"] == sorted(
+            h.node.layout.device(name).bus_id for name in ("rbln2", "rbln3")
+        )
+        assert skipped.status.code == ERROR
+        assert "not attempted: container 0 failed" in skipped.status.message
+        assert "rbln.rsd.host_path" not in attrs(skipped)
+
+
+async def test_rejected_requests_trace_every_container() -> None:
+    async with (
+        receiver() as (collector, port),
+        running("rebel-4", extra_args=["--otlp-endpoint", f"127.0.0.1:{port}"]) as h,
+    ):
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        h.node.set_status("rbln1", 4)
+        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln1") == "Unhealthy", 5)
+        requests = {
+            "unknown": [["ghost"]],
+            "empty": [["rbln0"], []],
+            "unhealthy": [["rbln2"], ["rbln0", "rbln1"]],
+        }
+        for containers in requests.values():
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await h.kubelet.allocate(NPU, containers)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        spans = [span for _, span in await collector.wait_spans(3 + 5)]
+        parents = [span for span in spans if span.name == "Allocate"]
+        assert len(parents) == 3
+        bus = {name: h.node.layout.device(name).bus_id for name in ("rbln0", "rbln1", "rbln2")}
+        traces: dict[str, list[dict[str, Any]]] = {}
+        for (label, containers), parent in zip(
+            requests.items(), sorted(parents, key=lambda p: p.start_time_unix_nano), strict=True
+        ):
+            assert parent.status.code == ERROR, label
+            (rejection,) = _exception_messages(parent)
+            children = sorted(
+                (s for s in spans if s.parent_span_id == parent.span_id),
+                key=lambda s: s.start_time_unix_nano,
+            )
+            assert [c.name for c in children] == ["allocateContainer"] * len(containers), label
+            for child, ids in zip(children, containers, strict=True):
+                assert child.trace_id == parent.trace_id
+                assert child.status.code == ERROR, label
+                assert _exception_messages(child) == [rejection], label
+                assert attrs(child)["rbln.resource_name"] == NPU
+                assert attrs(child).get("rbln.device.ids", []) == ids
+                assert attrs(child)["rbln.device.count"] == len(ids)
+                assert "rbln.rsd.host_path" not in attrs(child)
+            traces[label] = [attrs(child) for child in children]
+        assert "rbln.device.bus_ids" not in traces["unknown"][0]  # ghost has no bus ID
+        assert traces["empty"][0]["rbln.device.bus_ids"] == [bus["rbln0"]]
+        assert "rbln.device.bus_ids" not in traces["empty"][1]
+        assert traces["unhealthy"][1]["rbln.device.bus_ids"] == sorted([bus["rbln0"], bus["rbln1"]])
+        assert traces["unhealthy"][0]["rbln.device.bus_ids"] == [bus["rbln2"]]
 
 
 async def test_malformed_endpoint_keeps_allocations_working() -> None:
@@ -203,3 +271,18 @@ def _thread_names(pid: int) -> list[str]:
         with open(f"/proc/{pid}/task/{tid}/comm") as comm:
             names.append(comm.read().strip())
     return names
+
+
+async def test_a_flood_of_rejected_containers_gets_a_bounded_number_of_spans() -> None:
+    async with (
+        receiver() as (collector, port),
+        running("rebel-4", extra_args=["--otlp-endpoint", f"127.0.0.1:{port}"]) as h,
+    ):
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await h.kubelet.allocate(NPU, [[]] * 5000)
+        await collector.wait_spans(1 + MAX_UNWORKED_CONTAINER_SPANS)
+        await asyncio.sleep(1.5)  # one more batch interval: nothing else arrives
+        names = [span.name for _, span in collector.spans()]
+        assert names.count("Allocate") == 1
+        assert names.count("allocateContainer") == MAX_UNWORKED_CONTAINER_SPANS

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import grpc
 from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from rbln_device_plugin import cdi
 from rbln_device_plugin.api.v1beta1 import api_pb2
@@ -32,6 +33,11 @@ PERMISSIONS: Final = "rw"
 _SHOWN_IDS: Final = 8
 _SHOWN_ID_CHARS: Final = 64
 _MAX_MESSAGE_BYTES: Final = 2048
+# Containers that did no work (rejected request, or after an earlier container failed)
+# get a child span each, up to this many per Allocate: no real pod comes near it, and it
+# bounds the tracing cost of a hostile request with thousands of empty containers.
+MAX_UNWORKED_CONTAINER_SPANS: Final = 256
+_TRACED_IDS: Final = 256
 
 log = get_logger()
 
@@ -78,10 +84,25 @@ class Allocator:
             with self._tracer.start_as_current_span(
                 "Allocate", attributes={"rbln.resource_name": self._resource}
             ):
-                snapshot = await self._validate(requested)
+                # Every container request gets its allocateContainer child, even when the
+                # request is rejected before any container's turn.
+                try:
+                    snapshot = await self._validate(requested)
+                except Exception as exc:
+                    known = {i: entry.device for i, entry in self._table.entries.items()}
+                    self._unworked_spans(requested, known, exc, f"request rejected: {exc}")
+                    raise
                 response = api_pb2.AllocateResponse()
-                for ids in requested:
-                    response.container_responses.append(await self._container(ids, snapshot))
+                for index, ids in enumerate(requested):
+                    try:
+                        container = await self._container(ids, snapshot)
+                    except Exception:
+                        self._unworked_spans(
+                            requested[index + 1 :], snapshot, None,
+                            f"not attempted: container {index} failed",
+                        )  # fmt: skip
+                        raise
+                    response.container_responses.append(container)
                 return response
         except Exception as exc:
             failure = exc if isinstance(exc, AllocationError) else None
@@ -101,6 +122,48 @@ class Allocator:
             bounded = smi.trim_output(message.encode(), _MAX_MESSAGE_BYTES)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded)
             raise  # unreachable: abort raises
+
+    def _container_attributes(
+        self, ids: Sequence[str], known: Mapping[str, Device]
+    ) -> dict[str, Any]:
+        """The allocateContainer attributes known before any host access."""
+        # IDs here may be anything the client sent: bounded like the error message's.
+        shown = [
+            i if len(i) <= _SHOWN_ID_CHARS else i[:_SHOWN_ID_CHARS] + "..."
+            for i in ids[:_TRACED_IDS]
+        ]
+        attributes: dict[str, Any] = {
+            "rbln.resource_name": self._resource,
+            "rbln.device.ids": shown,
+            "rbln.device.count": len(ids),
+        }
+        devices = [known[i] for i in ids if i in known]
+        if ids and len(devices) == len(ids):  # a partial list would read as the whole
+            attributes["rbln.device.bus_ids"] = sorted(d.bus_id for d in devices)
+        return attributes
+
+    def _unworked_spans(
+        self,
+        requested: Sequence[Sequence[str]],
+        known: Mapping[str, Device],
+        failure: BaseException | None,
+        description: str,
+    ) -> None:
+        """Error child spans for containers that never reached the host.
+
+        ``failure`` (the rejection) is recorded on each; containers skipped because an
+        earlier one failed carry only the Error status and its description.
+        """
+        for ids in requested[:MAX_UNWORKED_CONTAINER_SPANS]:
+            with self._tracer.start_as_current_span(
+                "allocateContainer",
+                attributes=self._container_attributes(ids, known),
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                if failure is not None:
+                    span.record_exception(failure)
+                span.set_status(Status(StatusCode.ERROR, description[:_MAX_MESSAGE_BYTES]))
 
     async def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
         """Reject bad requests before any host access; return the checked device snapshot."""

@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from rbln_device_plugin import __version__, config, logs
+from rbln_device_plugin import __version__, config, grpc_core_log, logs
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -49,30 +49,65 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _StderrParser(
         prog="rbln-device-plugin",
         description="Kubernetes device plugin for Rebellions NPUs.",
-        epilog=(
+        epilog=textwrap.fill(
             "A flag beats its environment variable, which beats the default. Logging is "
-            f"set only through {logs.LEVEL_ENV} (error, warn, info, debug) and "
-            f"{logs.FORMAT_ENV} (json, text)."
+            f"set only through environment variables: {logs.LEVEL_ENV} accepts "
+            f"{logs.describe_levels()} (default {logs.DEFAULT_LEVEL}); {logs.FORMAT_ENV} "
+            f"accepts {', '.join(logs.FORMATS)} (default {logs.DEFAULT_FORMAT}).",
+            width=79,
+            break_on_hyphens=False,
         ),
         allow_abbrev=False,
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
     for option in config.OPTIONS:
-        default = option.default or "(empty)"
         parser.add_argument(
             option.flag,
             dest=option.field,
             metavar=option.metavar,
             default=None,
-            help=f"{option.help} [env {option.env}; default {default}]",
+            help=f"{option.help} [env {option.env}; default {option.help_default}]",
         )
     return parser
 
 
+def _attach_dash_values(argv: Sequence[str]) -> list[str]:
+    """``--flag -1s`` -> ``--flag=-1s`` for every option that takes a value.
+
+    argparse takes a separate argument that starts with "-" (other than a plain negative
+    number) for another flag and fails with "expected one argument". Like Go's flag
+    package, the word after a value flag is its value, so a negative duration gets the
+    same message, naming the flag and its variable, in both spellings. A word starting
+    with "--" is still left to argparse: that is a forgotten value, not a value.
+    Nothing after a bare "--" is touched.
+    """
+    flags = {option.flag for option in config.OPTIONS}
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":  # everything after it is positional: leave it to argparse
+            out.extend(argv[index:])
+            break
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if (
+            word in flags
+            and following is not None
+            and following.startswith("-")
+            and not following.startswith("--")
+        ):
+            out.append(f"{word}={following}")
+            index += 2
+            continue
+        out.append(word)
+        index += 1
+    return out
+
+
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
     """Flags + environment -> Config. Raises UsageError for anything unusable."""
-    namespace = build_parser().parse_args(list(argv))
+    namespace = build_parser().parse_args(_attach_dash_values(argv))
     try:
         return config.resolve(vars(namespace), environ)
     except config.ConfigError as exc:
@@ -105,6 +140,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(exc.code or 0)
 
     log.info("Starting rbln-device-plugin", version=__version__, config=cfg.describe())
+    # From here on gRPC's C-core lines on fd 2 become component=grpc records.
+    relay = grpc_core_log.install()
     try:
         from rbln_device_plugin import daemon  # imports grpc: after GRPC_VERBOSITY is set
 
@@ -112,6 +149,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as exc:
         log.error("Unexpected internal error; exiting", err=exc, exc_info=True)
         return EXIT_FAILURE
+    finally:
+        if relay is not None:
+            relay.stop()
 
 
 if __name__ == "__main__":

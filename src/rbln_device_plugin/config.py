@@ -63,14 +63,37 @@ def parse_duration(text: str) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """Render seconds the way Go prints short durations ("5s", "250ms", "1m30s")."""
-    if seconds < 1 and seconds * 1000 == int(seconds * 1000):
-        return f"{int(seconds * 1000)}ms"
-    minutes, rest = divmod(seconds, 60.0)
-    hours, minutes = divmod(int(minutes), 60)
-    out = f"{hours}h" if hours else ""
-    out += f"{minutes}m" if minutes or hours else ""
-    return out + (f"{rest:g}s" if rest or not out else "")
+    """Render seconds exactly as Go's ``time.Duration.String`` does.
+
+    "0s", "250ms", "1.5µs", "5s", "1m30s", "1h30m0s": below one second the largest
+    fitting sub-second unit; from one second on hours and minutes are printed whenever a
+    larger unit is present, and seconds always, with trailing fractional zeros dropped.
+    """
+    nanos = round(seconds * 1e9)
+    sign = "-" if nanos < 0 else ""
+    left = abs(nanos)
+    if left < 1_000_000_000:
+        if left == 0:
+            return "0s"
+        if left < 1_000:
+            return f"{sign}{left}ns"
+        if left < 1_000_000:
+            return f"{sign}{_fraction(left, 3)}µs"
+        return f"{sign}{_fraction(left, 6)}ms"
+    text = f"{_fraction(left % 60_000_000_000, 9)}s"
+    minutes = left // 60_000_000_000
+    if minutes:
+        text = f"{minutes % 60}m{text}"
+        if minutes >= 60:
+            text = f"{minutes // 60}h{text}"
+    return sign + text
+
+
+def _fraction(value: int, digits: int) -> str:
+    """``value / 10**digits`` in decimal, without trailing zeros (Go's fmtFrac)."""
+    whole, part = divmod(value, 10**digits)
+    decimals = f"{part:0{digits}d}".rstrip("0")
+    return f"{whole}.{decimals}" if decimals else str(whole)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +106,16 @@ class Option:
     default: str
     help: str
     metavar: str
+    # How --help names the default when the literal default means something else.
+    shown_default: str = ""
 
+    @property
+    def help_default(self) -> str:
+        return self.shown_default or self.default or "(empty)"
+
+
+DEFAULT_SCAN_INTERVAL_S: Final = 5.0
+MAX_SCAN_INTERVAL_S: Final = 24 * 3600.0
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
@@ -93,8 +125,10 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515",
            "TCP port of the gRPC health service; negative disables it, 0 picks a free port",
            "PORT"),
-    Option("scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL", "5s",
-           "interval between device inventory scans (Go duration: 5s, 500ms, 1m30s)", "DURATION"),
+    Option("scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL",
+           format_duration(DEFAULT_SCAN_INTERVAL_S),
+           "interval between device inventory scans, a Go duration such as 500ms, 5s, 1m30s "
+           f"or 1h30m0s; positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
            "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
            "empty disables tracing", "ENDPOINT"),
@@ -105,8 +139,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev",
            "directory of NPU and RSD device nodes on the host", "DIR"),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI_PATH", "",
-           "rbln-smi executable; empty searches /usr/bin, /run/rbln/driver/usr/bin, "
-           "/host/usr/bin, /host/driver/usr/bin, then PATH", "PATH"),
+           "rbln-smi executable; when unset, the first executable rbln-smi in /usr/bin, "
+           "/run/rbln/driver/usr/bin, /host/usr/bin, /host/driver/usr/bin, then PATH", "PATH",
+           shown_default="search"),
     Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
            "lock file serialising RSD group changes between processes", "PATH"),
 )  # fmt: skip
@@ -185,8 +220,11 @@ def _interval(option: Option, raw: str) -> float:
         raise ConfigError(f"{_label(option)}: {exc}") from None
     if seconds <= 0:
         raise ConfigError(f"{_label(option)}: interval must be positive, got {raw!r}")
-    if seconds > 24 * 3600:
-        raise ConfigError(f"{_label(option)}: interval {raw!r} is longer than 24h")
+    if seconds > MAX_SCAN_INTERVAL_S:
+        raise ConfigError(
+            f"{_label(option)}: interval {raw!r} is longer than "
+            f"{format_duration(MAX_SCAN_INTERVAL_S)}"
+        )
     return seconds
 
 

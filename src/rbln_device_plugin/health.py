@@ -24,6 +24,8 @@ _LIFECYCLE_NAMES: Final = {
     5: "FINISH",
 }
 UNREADABLE: Final = "UNREADABLE"
+# Every 64-bit value prints in full; longer integers are shortened in names and logs.
+_SHOWN_CODE_DIGITS: Final = 20
 
 
 class Health(StrEnum):
@@ -43,7 +45,8 @@ class StatusReading:
     def name(self) -> str:
         if self.code is None:
             return UNREADABLE
-        return _LIFECYCLE_NAMES.get(self.code, f"UNKNOWN({self.code})")
+        known = _LIFECYCLE_NAMES.get(self.code)
+        return known if known is not None else f"UNKNOWN({_show_code(self.code)})"
 
     @property
     def readable(self) -> bool:
@@ -54,12 +57,27 @@ def lifecycle_name(code: int | None) -> str:
     return StatusReading(code).name
 
 
+def _show_code(code: int) -> str:
+    digits = str(abs(code))
+    if len(digits) > _SHOWN_CODE_DIGITS:
+        digits = f"{digits[: _SHOWN_CODE_DIGITS - 4]}...{len(digits)} digits"
+    return f"-{digits}" if code < 0 else digits
+
+
+# Longer than any sysfs attribute (one page): int() is never asked for a huge conversion.
+MAX_STATUS_CHARS: Final = 4096
+
+
 def parse_status(text: str) -> StatusReading:
-    """Parse status file contents: a decimal integer with optional surrounding whitespace."""
+    """Parse status file contents: a decimal integer with optional surrounding whitespace.
+
+    Any integer is a lifecycle code, however long: only 0 is READY, every other value is
+    ``UNKNOWN(n)`` or a named state, and Unhealthy. Only a non-integer is malformed.
+    """
     stripped = text.strip()
     body = stripped[1:] if stripped[:1] in "+-" else stripped
     # int() also accepts "1_000" and non-ASCII digits, which no driver writes.
-    if not body or not body.isascii() or not body.isdigit() or len(body) > 18:
+    if not body or not body.isascii() or not body.isdigit() or len(body) > MAX_STATUS_CHARS:
         shown = stripped if len(stripped) <= 32 else stripped[:32] + "..."
         return StatusReading(None, f"malformed status {shown!r}")
     return StatusReading(int(stripped))

@@ -42,9 +42,12 @@ class HealthService:
         try:
             bound = server.add_insecure_port(address)
         except RuntimeError as exc:
+            # gRPC's own hint points at GRPC_VERBOSITY; its detailed reason is already in
+            # the log as a component=grpc record (see grpc_core_log).
+            detail = str(exc).split("; set GRPC_VERBOSITY", 1)[0]
             raise HealthcheckError(
                 f"cannot listen on {address} for the health service "
-                f"(port in use? set --healthcheck-port / HEALTHCHECK_PORT): {exc}"
+                f"(port in use? set --healthcheck-port / HEALTHCHECK_PORT): {detail}"
             ) from None
         if bound == 0:
             raise HealthcheckError(f"cannot listen on {address} for the health service")

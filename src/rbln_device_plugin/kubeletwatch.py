@@ -112,7 +112,11 @@ class KubeletSocketWatch:
     def _set_mode(self, mode: str) -> None:
         if mode != self.mode:
             level = log.debug if mode == "inotify" or self.mode == "starting" else log.info
-            fields: dict[str, object] = {"mode": mode, "path": str(self.directory), "previousMode": self.mode}
+            fields: dict[str, object] = {
+                "mode": mode,
+                "path": str(self.directory),
+                "previousMode": self.mode,
+            }
             if mode == "poll":
                 fields.update(reason=self._poll_reason, pollSeconds=FALLBACK_POLL_S)
             level("Watching for kubelet restarts", **fields)

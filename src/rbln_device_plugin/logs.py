@@ -34,7 +34,7 @@ _LEVELS: Final[Mapping[str, int]] = {
     "info": logging.INFO,
     "debug": logging.DEBUG,
 }
-_FORMATS: Final = ("json", "text")
+FORMATS: Final = ("json", "text")
 
 # structlog method name -> the level word printed in records.
 _LEVEL_WORDS: Final[Mapping[str, str]] = {
@@ -61,6 +61,16 @@ class LogSettings:
     fallbacks: tuple[tuple[str, str, str], ...]
 
 
+def describe_levels() -> str:
+    """The accepted level spellings for help text: "error, warning (or warn), info, debug"."""
+    spellings: dict[int, list[str]] = {}
+    for name, number in _LEVELS.items():
+        spellings.setdefault(number, []).append(name)
+    return ", ".join(
+        names[0] + "".join(f" (or {alias})" for alias in names[1:]) for names in spellings.values()
+    )
+
+
 def resolve_settings(environ: Mapping[str, str]) -> LogSettings:
     """Read the two logging variables; invalid values fall back to the defaults."""
     fallbacks: list[tuple[str, str, str]] = []
@@ -71,7 +81,7 @@ def resolve_settings(environ: Mapping[str, str]) -> LogSettings:
         level_name = DEFAULT_LEVEL
     raw_format = environ.get(FORMAT_ENV, "").strip()
     fmt = raw_format.lower() or DEFAULT_FORMAT
-    if fmt not in _FORMATS:
+    if fmt not in FORMATS:
         fallbacks.append((FORMAT_ENV, raw_format, DEFAULT_FORMAT))
         fmt = DEFAULT_FORMAT
     return LogSettings(_LEVELS[level_name], _LEVEL_WORDS[level_name], fmt, tuple(fallbacks))
@@ -94,7 +104,8 @@ def _renderer(fmt: str) -> structlog.typing.Processor:
         return structlog.processors.LogfmtRenderer(
             key_order=["ts", "level", "msg"], drop_missing=True, bool_as_flag=False
         )
-    return structlog.processors.JSONRenderer(sort_keys=False, default=str)
+    # Compact, like the README's sample records: {"ts":"...","level":"warn",...}.
+    return structlog.processors.JSONRenderer(sort_keys=False, default=str, separators=(",", ":"))
 
 
 DROPPED_MSG: Final = "Log records dropped while stdout was blocked"
@@ -194,7 +205,11 @@ def _caller_field(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
 
 
 def _order_keys(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
-    """ts, level, msg first: a reader scanning raw JSON finds them in the same place."""
+    """ts, level, msg first: a reader scanning raw JSON finds them in the same place.
+
+    The event's own keys follow in the order the call site gave them, which is the order
+    the logging catalogue lists them in; added keys (caller, exception) come last.
+    """
     ordered: dict[str, Any] = {}
     for key in ("ts", "level", "msg"):
         if key in event_dict:

@@ -208,28 +208,36 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         return changes
 
     def _log_changes(self, changes: Sequence[Change]) -> None:
+        # Keys in the logging catalogue's order: what, which device, its state (and what it
+        # was), then the resource's resulting counts. Keyword order is record key order.
         counts = self.table.counts().fields()
         for change in changes:
             entry = change.entry
-            fields: dict[str, Any] = {
+            identity: dict[str, Any] = {
                 "resourceName": self.resource,
                 "device": entry.device.name,
+            }
+            state: dict[str, Any] = {
                 "health": entry.verdict.health.value,
                 "status": entry.verdict.describe(),
-                **counts,
             }
             if change.kind == "appeared":
                 emit = log.info if entry.healthy else log.warning
-                emit("Device appeared in inventory", pciBusID=entry.device.bus_id, **fields)
+                emit(
+                    "Device appeared in inventory",
+                    **identity, pciBusID=entry.device.bus_id, **state, **counts,
+                )  # fmt: skip
             elif change.kind == "disappeared":
-                log.warning("Device disappeared from inventory", **fields)
+                log.warning("Device disappeared from inventory", **identity, **state, **counts)
             elif change.previous is not None:
                 emit = log.info if entry.healthy else log.warning
                 emit(
                     "Device state changed",
+                    **identity,
+                    **state,
                     previousHealth=change.previous.health.value,
                     previousStatus=change.previous.describe(),
-                    **fields,
+                    **counts,
                 )
 
     def announce(self) -> None:
@@ -237,7 +245,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         counts = self.table.counts()
         log.info(
             "Registered device plugin with kubelet",
-            resourceName=self.resource, socketPath=str(self.socket_path), **counts.fields(),
+            resourceName=self.resource, **counts.fields(), socketPath=str(self.socket_path),
         )  # fmt: skip
         for entry in sorted(self.table.entries.values(), key=lambda e: _natural(e.device.name)):
             _log_exposed(self.resource, entry)

@@ -203,7 +203,11 @@ async def run_smi(
 
 
 def load_devices(text: str) -> list[Any]:
-    """The ``devices`` list of rbln-smi's JSON; anything else at the top is a DiscoveryError."""
+    """The ``devices`` list of rbln-smi's JSON; anything else at the top is a DiscoveryError.
+
+    ``"devices": null`` is how rbln-smi (a Go program: a nil slice marshals to null)
+    lists no devices: an empty list, not a failure. A missing key or any other type is.
+    """
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -212,8 +216,15 @@ def load_devices(text: str) -> list[Any]:
     if not isinstance(document, dict):
         raise DiscoveryError(f"rbln-smi JSON is a {type(document).__name__}, not an object")
     devices = document.get("devices")
+    if devices is None and "devices" in document:
+        log.debug("rbln-smi listed no devices (devices is null); treating it as an empty list")
+        return []
     if not isinstance(devices, list):
-        raise DiscoveryError("rbln-smi JSON has no 'devices' list")
+        raise DiscoveryError(
+            "rbln-smi JSON has no 'devices' list"
+            if devices is None
+            else f"rbln-smi JSON 'devices' is a {type(devices).__name__}, not a list"
+        )
     return devices
 
 

@@ -12,11 +12,14 @@ import re
 from pathlib import Path
 from typing import Final
 
-from rbln_device_plugin.health import StatusReading, parse_status
+from rbln_device_plugin.health import MAX_STATUS_CHARS, StatusReading, parse_status
 from rbln_device_plugin.inventory import DeviceFacts, SriovFacts, is_valid_bus_id, is_valid_name
 
-# Status and count files hold a few digits; anything longer is malformed, not worth reading.
+# Count files hold a few digits; anything longer is malformed, not worth reading.
 _SMALL_FILE_BYTES: Final = 64
+# A status file is read up to one sysfs page: no genuine attribute is longer, so any
+# integer the driver can write is classified as such, and a runaway file costs one page.
+_STATUS_FILE_BYTES: Final = MAX_STATUS_CHARS
 _PCI_ROOT_RE: Final = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}", re.ASCII)
 
 
@@ -34,12 +37,12 @@ class _Malformed(Exception):
     pass
 
 
-def _read_small(path: str) -> str:
+def _read_small(path: str, limit: int = _SMALL_FILE_BYTES) -> str:
     """Read a tiny sysfs attribute; OSError passes through, oversize/binary is _Malformed."""
     with open(path, "rb") as handle:
-        data = handle.read(_SMALL_FILE_BYTES + 1)
-    if len(data) > _SMALL_FILE_BYTES:
-        raise _Malformed(f"more than {_SMALL_FILE_BYTES} bytes")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise _Malformed(f"more than {limit} bytes")
     try:
         return data.decode("ascii")
     except UnicodeDecodeError:
@@ -52,7 +55,7 @@ def read_status(root: Path | str, name: str) -> StatusReading:
         return StatusReading(None, f"invalid device name {name!r}")
     path = status_path(root, name)
     try:
-        return parse_status(_read_small(path))
+        return parse_status(_read_small(path, _STATUS_FILE_BYTES))
     except FileNotFoundError:
         return StatusReading(None, f"{path} does not exist")
     except OSError as exc:

@@ -1,0 +1,80 @@
+"""The fd 2 relay for gRPC's C-core lines, in a child process (it takes over fd 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from rbln_device_plugin.grpc_core_log import MAX_LINE_BYTES
+
+_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from rbln_device_plugin import grpc_core_log, logs
+
+    logs.install(os.environ)
+    relay = grpc_core_log.install()
+    assert relay is not None
+    os.write(2, sys.argv[1].encode().decode("unicode_escape").encode("latin-1"))
+    print("python-level stderr", file=sys.stderr)
+    relay.stop()
+    os.write(2, b"after stop\\n")
+    """
+)
+
+
+def relay(raw: str, level: str = "debug") -> tuple[list[dict[str, object]], str]:
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD, raw],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"RBLN_DEVICE_PLUGIN_LOG_LEVEL": level, "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()], result.stderr
+
+
+def test_abseil_lines_become_grpc_records_and_other_lines_stay_on_stderr() -> None:
+    records, stderr = relay(
+        "E1130 13:14:32.447534    5454 add_port.cc:83] Failed to add port: in use\\n"
+        "W1130 13:14:32.5  77 chttp2_transport.cc:9] keepalive\\n"
+        "I1130 13:14:32.600001 77 ev_epoll1_linux.cc:1] using epoll1\\n"
+        "F1130 13:14:33.000000 77 check.cc:5] CHECK failed\\n"
+        "plain C-level text\\n"
+    )
+    assert [(r["level"], r["msg"], r["source"], r["grpcSeverity"]) for r in records] == [
+        ("warn", "Failed to add port: in use", "add_port.cc:83", "ERROR"),
+        ("warn", "keepalive", "chttp2_transport.cc:9", "WARNING"),
+        ("debug", "using epoll1", "ev_epoll1_linux.cc:1", "INFO"),
+        ("error", "CHECK failed", "check.cc:5", "FATAL"),
+    ]
+    assert all(r["component"] == "grpc" for r in records)
+    # Python writes directly, C-level text through the relay thread: either comes first.
+    lines = stderr.splitlines()
+    assert sorted(lines[:2]) == ["plain C-level text", "python-level stderr"]
+    assert lines[2:] == ["after stop"]
+
+
+def test_core_info_lines_are_hidden_at_info_level() -> None:
+    records, _ = relay("I1130 13:14:32.600001 77 x.cc:1] chatty\\n", level="info")
+    assert records == []
+
+
+def test_an_over_long_line_is_cut_and_the_next_line_is_intact() -> None:
+    long_text = "x" * (3 * MAX_LINE_BYTES)
+    records, stderr = relay(
+        f"E1130 13:14:32.1 1 a.cc:1] {long_text}\\nE1130 13:14:32.2 1 b.cc:2] next\\n"
+    )
+    first, second = records
+    assert len(str(first["msg"])) <= MAX_LINE_BYTES + 16
+    assert str(first["msg"]).endswith("...[cut]")
+    assert second["msg"] == "next"
+    assert "x" not in stderr
+
+
+def test_a_last_line_without_newline_is_still_relayed() -> None:
+    records, _ = relay("E1130 13:14:32.1 1 a.cc:1] no newline")
+    assert [r["msg"] for r in records] == ["no newline"]

@@ -1,0 +1,128 @@
+"""What the running daemon's records look like, checked against the README.
+
+Key order, the README's sample record, how odd status values and an empty rbln-smi
+listing are reported: each through the real daemon process on a simulated node.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from pathlib import Path
+
+from rbln_device_plugin.sim.layout import generate
+
+from .daemon_process import DaemonProcess
+from .simnode import running
+
+NPU = "rebellions.ai/npu"
+README = Path(__file__).resolve().parent.parent / "README.md"
+COUNTS = ["deviceCount", "healthyCount", "unhealthyCount"]
+_TS = re.compile(r'"ts":"[^"]*"')
+
+
+def _readme_sample() -> str:
+    """The one-line JSON sample record in the README's Logging section."""
+    section = README.read_text().split("\n## Logging\n", 1)[1].split("\n## ", 1)[0]
+    (sample,) = re.findall(r"```json\n(.*?)\n```", section, re.DOTALL)
+    return sample
+
+
+async def test_readme_sample_record_is_what_the_daemon_writes() -> None:
+    # The README's scene: eight devices, rbln3 goes from READY to FAULT.
+    async with running(generate(2, 4), level="info") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 8)
+        await h.daemon.await_log("Device exposed", count=8)
+        h.node.set_status("rbln3", 4)
+        await h.daemon.await_log("Device state changed", device="rbln3")
+        (line,) = [raw for raw in h.daemon.lines if '"msg":"Device state changed"' in raw]
+    # Byte for byte, except the timestamp.
+    assert _TS.sub('"ts":"-"', _readme_sample()) == _TS.sub('"ts":"-"', line.strip())
+
+
+async def test_inventory_records_list_their_keys_in_catalogue_order() -> None:
+    async with running("rebel-4", level="info") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        (registered,) = await h.daemon.await_log("Registered device plugin with kubelet")
+        exposed = await h.daemon.await_log("Device exposed", count=4)
+        h.node.set_status("rbln1", 4)
+        (changed,) = await h.daemon.await_log("Device state changed", device="rbln1")
+        device = h.node.layout.device("rbln2")
+        h.node.remove_device("rbln2")
+        (gone,) = await h.daemon.await_log("Device disappeared from inventory")
+        h.node.add_device(device)
+        (back,) = await h.daemon.await_log("Device appeared in inventory")
+    head = ["ts", "level", "msg", "resourceName"]
+    assert list(registered) == ["ts", "level", "msg", "resourceName", *COUNTS, "socketPath"]
+    assert all(
+        list(r) == [*head, "device", "product", "pciDeviceID", "pciBusID", "numa", "health",
+                    "status"]
+        for r in exposed
+    )  # fmt: skip
+    assert list(changed) == [
+        *head, "device", "health", "status", "previousHealth", "previousStatus", *COUNTS,
+    ]  # fmt: skip
+    assert list(gone) == [*head, "device", "health", "status", *COUNTS]
+    assert list(back) == [*head, "device", "pciBusID", "health", "status", *COUNTS]
+
+
+async def test_a_huge_integer_status_is_unknown_and_unhealthy() -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        h.node.set_status("rbln1", "1000000000000000000\n")
+        view = await h.kubelet.wait_for(NPU, lambda v: v.health("rbln1") == "Unhealthy", 5)
+        assert view.count("Healthy") == 3
+        (changed,) = await h.daemon.await_log("Device state changed", device="rbln1")
+        assert changed["level"] == "warn"
+        assert changed["status"] == "UNKNOWN(1000000000000000000)"
+        h.node.set_status("rbln2", "7" * 300)
+        (longer,) = await h.daemon.await_log("Device state changed", device="rbln2")
+        assert longer["status"] == "UNKNOWN(7777777777777777...300 digits)"
+        assert longer["health"] == "Unhealthy"
+
+
+def _fake_smi(directory: Path, document: str) -> Path:
+    script = directory / "rbln-smi"
+    script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{document}\nEOF\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _args(tmp: Path, smi: Path) -> list[str]:
+    return [
+        "--kubelet-device-plugin-path", str(tmp / "kubelet"),
+        "--cdi-root", str(tmp / "cdi"),
+        "--sysfs-root", str(tmp / "sys"),
+        "--dev-root", str(tmp / "dev"),
+        "--rbln-smi", str(smi),
+        "--rsd-lock-path", str(tmp / "rsd.lock"),
+        "--healthcheck-port", "-1",
+        "--device-scan-interval", "200ms",
+    ]  # fmt: skip
+
+
+def test_null_devices_is_an_empty_node_not_a_discovery_failure(short_tmp: Path) -> None:
+    smi = _fake_smi(short_tmp, '{"KMD_version": "1.2.0", "devices": null}')
+    daemon = DaemonProcess(_args(short_tmp, smi))
+    try:
+        null = daemon.wait_for(
+            "rbln-smi listed no devices (devices is null); treating it as an empty list", count=2
+        )
+        reconciled = daemon.wait_for("Reconciled device inventory", count=2)
+    finally:
+        assert daemon.stop() == 0
+    assert all(r["level"] == "debug" for r in null)
+    assert all(r["deviceCount"] == 0 for r in reconciled)
+    assert not [r for r in daemon.records if r["level"] == "error"]
+
+
+def test_missing_devices_key_is_still_a_discovery_failure(short_tmp: Path) -> None:
+    smi = _fake_smi(short_tmp, '{"KMD_version": "1.2.0"}')
+    daemon = DaemonProcess(_args(short_tmp, smi))
+    try:
+        (failure,) = daemon.wait_for(
+            "Device discovery failed; reporting zero devices until it recovers"
+        )
+    finally:
+        assert daemon.stop() == 0
+    assert failure["level"] == "error" and "'devices'" in failure["err"]
