@@ -19,9 +19,14 @@ def install(env: dict[str, str]) -> tuple[io.StringIO, logs.LogSettings]:
     return out, settings
 
 
-def records(out: io.StringIO) -> list[dict[str, Any]]:
+def written(out: io.StringIO) -> str:
+    """What reached the stream: records are written by the sink's thread."""
     assert logs.flush(5.0), "the log writer did not drain its queue"
-    return [json.loads(line) for line in out.getvalue().splitlines()]
+    return out.getvalue()
+
+
+def records(out: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in written(out).splitlines()]
 
 
 def test_json_is_compact_and_keeps_the_call_sites_key_order() -> None:
@@ -30,7 +35,7 @@ def test_json_is_compact_and_keeps_the_call_sites_key_order() -> None:
         "Device state changed", resourceName="rebellions.ai/npu", device="rbln3",
         health="Unhealthy", status="FAULT", deviceCount=8,
     )  # fmt: skip
-    line = out.getvalue().strip()
+    line = written(out).strip()
     assert line.startswith('{"ts":"')
     assert line.endswith(
         '"level":"warn","msg":"Device state changed","resourceName":"rebellions.ai/npu",'
@@ -102,8 +107,7 @@ def test_invalid_values_fall_back_with_a_warning(env: dict[str, str], variable: 
 def test_text_format_is_logfmt() -> None:
     out, _ = install({logs.FORMAT_ENV: "text"})
     logs.get_logger().info("Device exposed", device="rbln0")
-    assert logs.flush(5.0)
-    line = out.getvalue().strip()
+    line = written(out).strip()
     assert line.startswith("ts=")
     assert "level=info" in line and 'msg="Device exposed"' in line and "device=rbln0" in line
 

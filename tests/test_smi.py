@@ -318,6 +318,7 @@ def test_null_devices_is_an_empty_inventory_with_a_debug_record() -> None:
     out = io.StringIO()
     logs.install({logs.LEVEL_ENV: "debug"}, stream=out)
     assert parse_inventory('{"KMD_version": "1.2.0", "devices": null}') == ([], [])
+    assert logs.flush(5.0)
     (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
     assert record["level"] == "debug"
     assert "null" in record["msg"]

@@ -8,6 +8,7 @@ loggers are bridged into the same stream with ``component=grpc`` / ``component=o
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -153,6 +154,9 @@ def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSett
     previous, _sink = _sink, QueuedSink(output, _notice_renderer(renderer))
     if previous is not None:
         previous.close(FLUSH_TIMEOUT_S)
+    else:
+        # Whatever the exit path, queued records get their bounded chance to be written.
+        atexit.register(flush)
     out = _SinkLogger(_sink)
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
