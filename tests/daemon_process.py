@@ -17,7 +17,11 @@ Record = dict[str, Any]
 
 class DaemonProcess:
     def __init__(
-        self, args: Sequence[str], env: Mapping[str, str] | None = None, level: str = "debug"
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        level: str = "debug",
+        umask: int = -1,
     ) -> None:
         full_env = {
             key: value
@@ -33,11 +37,14 @@ class DaemonProcess:
             stdin=subprocess.DEVNULL,
             env=full_env,
             text=True,
+            umask=umask,
         )
         self.lines: list[str] = []
         self.records: list[Record] = []
         self.stderr = ""
         self._cond = threading.Condition()
+        self._reading = threading.Event()  # cleared: stdout is left unread (a stalled collector)
+        self._reading.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._err_reader = threading.Thread(target=self._read_err, daemon=True)
@@ -46,6 +53,7 @@ class DaemonProcess:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self._reading.wait()
             with self._cond:
                 self.lines.append(line)
                 try:
@@ -57,6 +65,13 @@ class DaemonProcess:
     def _read_err(self) -> None:
         assert self.proc.stderr is not None
         self.stderr = self.proc.stderr.read()
+
+    def pause_reading(self) -> None:
+        """Stop draining stdout: once the pipe buffer is full, the daemon's writes block."""
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
 
     def find(self, msg: str, **fields: Any) -> list[Record]:
         with self._cond:

@@ -50,6 +50,7 @@ class FaultHarness:
     daemon: DaemonProcess
     interval: str
     env: dict[str, str] | None
+    extra_args: Sequence[str] = ()
 
     def sockets(self) -> list[str]:
         return sorted(p.name for p in self.node.kubelet_dir.iterdir() if p.is_socket())
@@ -60,7 +61,9 @@ class FaultHarness:
 
     def new_daemon(self) -> DaemonProcess:
         """Start another daemon instance against the same node (the old one must be gone)."""
-        self.daemon = DaemonProcess(self.node.daemon_args(self.interval), env=self.env)
+        self.daemon = DaemonProcess(
+            [*self.node.daemon_args(self.interval), *self.extra_args], env=self.env
+        )
         return self.daemon
 
 
@@ -71,6 +74,8 @@ async def launch(
     *,
     before_start: Callable[[SimNode], None] | None = None,
     env: dict[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    umask: int = -1,
 ) -> AsyncIterator[FaultHarness]:
     """Like ``simnode.running``, with a hook that prepares the node before the daemon runs."""
     root = short_tempdir()
@@ -79,8 +84,8 @@ async def launch(
     await kubelet.start()
     if before_start is not None:
         before_start(node)
-    daemon = DaemonProcess(node.daemon_args(interval), env=env)
-    harness = FaultHarness(node, kubelet, daemon, interval, env)
+    daemon = DaemonProcess([*node.daemon_args(interval), *extra_args], env=env, umask=umask)
+    harness = FaultHarness(node, kubelet, daemon, interval, env, tuple(extra_args))
     try:
         yield harness
     finally:

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final, TextIO
 
-DEFAULT_CAPACITY: Final = 4096
+DEFAULT_CAPACITY: Final = 1024
 
 
 class _Dropped:

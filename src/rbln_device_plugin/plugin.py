@@ -287,9 +287,9 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         finally:
             self.open_streams -= 1
             if not self._stopping and self._kubelet_stream is token:
-                # The kubelet never reopens a stream on its own: it must be registered again.
+                # The kubelet never reopens a stream on its own: the manager decides whether
+                # this is a kubelet restart or a stream lost alone, and registers again.
                 self._kubelet_stream = None
-                self.registered = False
                 self._on_stream_lost(self)
 
     def _has_news(self, sent: int) -> bool:

@@ -94,6 +94,10 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
         self._generations: dict[str, int] = {}
         self._changed = asyncio.Condition()
         self._server: aio.Server | None = None
+        # A kubelet that accepts Register calls and never answers them (see ``go_silent``).
+        self._answer = asyncio.Event()
+        self._answer.set()
+        self.silent_calls: list[Registration] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -146,9 +150,27 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
 
     # ------------------------------------------------------------------ Registration
 
+    def go_silent(self) -> None:
+        """From now on, Register calls are received and left unanswered until ``speak``."""
+        self._answer.clear()
+
+    def speak(self) -> None:
+        """Answer Register calls again (calls already waiting are handled normally)."""
+        self._answer.set()
+
     async def Register(
         self, request: api_pb2.RegisterRequest, context: aio.ServicerContext[object, object]
     ) -> api_pb2.Empty:
+        if not self._answer.is_set():
+            self.silent_calls.append(
+                Registration(
+                    request.resource_name, request.endpoint, request.version,
+                    request.options.get_preferred_allocation_available, accepted=False,
+                    error="left unanswered",
+                )
+            )  # fmt: skip
+            await self._notify()
+            await self._answer.wait()
         problem = _validate(request)
         if problem is None:
             problem = await self._check_plugin(request)

@@ -140,13 +140,16 @@ def run(argv: list[str], store: StateStore, out: TextIO, err: TextIO) -> int:
         with store.transaction() as state:
             if command.kind == "group-create":
                 node = create_group(state, command.group_ids[0], command.npus)
-                out.write(f"Created group {command.group_ids[0]} ({node.name})\n")
+                report = f"Created group {command.group_ids[0]} ({node.name})\n"
             else:
                 destroy_groups(state, command.group_ids)
-                out.write(f"Destroyed group(s) {','.join(map(str, command.group_ids))}\n")
+                report = f"Destroyed group(s) {','.join(map(str, command.group_ids))}\n"
     except Refused as exc:  # the transaction discards the partly changed state
         err.write(f"rbln-smi: {exc}\n")
         return EXIT_REFUSED
+    # Like the real tool: the change is made, then reported. A caller that is gone (its
+    # pipe closed) does not undo it.
+    out.write(report)
     return 0
 
 
