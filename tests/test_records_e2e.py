@@ -127,3 +127,60 @@ def test_missing_devices_key_is_still_a_discovery_failure(short_tmp: Path) -> No
     finally:
         assert daemon.stop() == 0
     assert failure["level"] == "error" and "'devices'" in failure["err"]
+
+
+# ------------------------------------------------------------ status, disappearance, restart
+async def test_every_failed_status_read_says_why_at_debug_only() -> None:
+    async with running("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        h.node.set_status("rbln1", None)  # missing file
+        h.node.set_status("rbln2", "garbage")  # parse error
+        missing = await h.daemon.await_log("Cannot read device status", device="rbln1")
+        malformed = await h.daemon.await_log("Cannot read device status", device="rbln2")
+        for records, path in ((missing, "rbln1"), (malformed, "rbln2")):
+            assert all(r["level"] == "debug" for r in records)
+            assert all(r["path"] == str(h.node.status_path(path)) for r in records)
+        assert "does not exist" in missing[0]["err"]
+        assert "malformed status" in malformed[0]["err"]
+    # At info, nothing of the kind is written.
+    async with running("rebel-4", level="info") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        h.node.set_status("rbln1", None)
+        await h.daemon.await_log("Device state changed", device="rbln1", status="UNREADABLE")
+        assert not h.daemon.find("Cannot read device status")
+
+
+async def test_a_whole_resource_vanishing_logs_each_device_as_disappeared() -> None:
+    async with running("rebel-sriov", level="info") as h:
+        vf1 = "rebellions.ai/npu-vf1"
+        view = await h.kubelet.wait_for(vf1)
+        gone = view.ids
+        for name in gone:
+            h.node.remove_device(name)
+        records = await h.daemon.await_log(
+            "Device disappeared from inventory", count=len(gone), resourceName=vf1
+        )
+        await h.daemon.await_log("Stopped device plugin for absent resource", resourceName=vf1)
+    assert sorted(r["device"] for r in records) == sorted(gone)
+    assert all(r["level"] == "warn" for r in records)
+    assert all((r["deviceCount"], r["healthyCount"], r["unhealthyCount"]) == (0, 0, 0)
+               for r in records)  # fmt: skip
+
+
+async def test_a_kubelet_restart_is_not_reported_as_a_lost_stream() -> None:
+    async with running("rebel-4", level="info") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        for generation in (2, 3):
+            await h.kubelet.restart()
+            await h.kubelet.wait_for(
+                NPU, lambda v, g=generation: v.generation == g and v.messages > 0
+            )
+        await h.daemon.await_log(
+            "Detected kubelet socket recreation; restarting device plugins", count=2
+        )
+        assert not h.daemon.find("ListAndWatch stream ended; registering again")
+        # A stream that ends on its own still says so.
+        await h.kubelet.drop_stream(NPU)
+        (lost,) = await h.daemon.await_log("ListAndWatch stream ended; registering again")
+        assert lost["level"] == "warn"
+        await h.kubelet.wait_for(NPU, lambda v: v.generation == 4)
