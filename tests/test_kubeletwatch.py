@@ -1,0 +1,155 @@
+"""Kubelet restart detection: by inotify, by the fallback poll, and never by a chmod."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from rbln_device_plugin import kubeletwatch
+from rbln_device_plugin.host import inotify
+from rbln_device_plugin.kubeletwatch import KubeletSocketWatch
+
+
+class Kubelet:
+    """Creates kubelet.sock the way the kubelet does: bind() a unix socket."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "kubelet.sock"
+        self._sock: socket.socket | None = None
+
+    def start(self) -> None:
+        self.stop()
+        self.path.unlink(missing_ok=True)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(self.path))
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+@asynccontextmanager
+async def watching(directory: Path) -> AsyncIterator[tuple[KubeletSocketWatch, asyncio.Queue[str]]]:
+    restarts: asyncio.Queue[str] = asyncio.Queue()
+    watch = KubeletSocketWatch(directory, lambda: restarts.put_nowait("restart"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    try:
+        for _ in range(100):
+            if watch.mode != "starting":
+                break
+            await asyncio.sleep(0.01)
+        yield watch, restarts
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def no_restart_within(restarts: asyncio.Queue[str], seconds: float) -> None:
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(restarts.get(), seconds)
+
+
+@pytest.fixture
+def no_inotify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system without notifications: every watch attempt is refused."""
+
+    def refuse(*_: object) -> None:
+        raise inotify.InotifyUnavailable(95, "operation not supported")
+
+    monkeypatch.setattr(inotify, "DirectoryWatch", refuse)
+    monkeypatch.setattr(kubeletwatch, "FALLBACK_POLL_S", 0.1)
+
+
+@pytest.mark.parametrize("mode", ["inotify", "poll"])
+async def test_a_new_socket_is_a_restart_and_a_chmod_is_not(
+    short_tmp: Path, mode: str, request: pytest.FixtureRequest
+) -> None:
+    if mode == "poll":
+        request.getfixturevalue("no_inotify")
+    kubelet = Kubelet(short_tmp)
+    kubelet.start()
+    async with watching(short_tmp) as (watch, restarts):
+        assert watch.mode == mode
+        info = kubelet.path.stat()
+        os.chmod(kubelet.path, 0o600)
+        os.chown(kubelet.path, info.st_uid, info.st_gid)
+        await no_restart_within(restarts, 0.5)
+        for _ in range(3):  # the same inode number may come back: still a new file
+            kubelet.start()
+            assert await asyncio.wait_for(restarts.get(), 5) == "restart"
+        # The kubelet going away is not a restart; its new socket is.
+        kubelet.stop()
+        kubelet.path.unlink()
+        await no_restart_within(restarts, 0.3)
+        kubelet.start()
+        assert await asyncio.wait_for(restarts.get(), 5) == "restart"
+    kubelet.stop()
+
+
+async def test_the_watch_survives_the_directory_going_away(short_tmp: Path) -> None:
+    directory = short_tmp / "device-plugins"
+    directory.mkdir()
+    kubelet = Kubelet(directory)
+    kubelet.start()
+    async with watching(directory) as (watch, restarts):
+        assert watch.mode == "inotify"
+        kubelet.stop()
+        directory.rename(short_tmp / "gone")
+        for _ in range(200):
+            if watch.mode == "poll":
+                break
+            await asyncio.sleep(0.01)
+        assert watch.mode == "poll"
+        directory.mkdir()
+        kubelet.start()
+        assert await asyncio.wait_for(restarts.get(), 5) == "restart"
+        for _ in range(300):
+            if watch.mode == "inotify":
+                break
+            await asyncio.sleep(0.01)
+        assert watch.mode == "inotify"
+        kubelet.start()
+        assert await asyncio.wait_for(restarts.get(), 5) == "restart"
+    kubelet.stop()
+
+
+def test_parse_events_splits_padded_names() -> None:
+    import struct
+
+    def raw(mask: int, name: bytes) -> bytes:
+        padded = name + b"\0" * (16 - len(name))
+        return struct.pack("iIII", 1, mask, 0, len(padded)) + padded
+
+    data = raw(inotify.IN_CREATE, b"kubelet.sock") + raw(inotify.IN_MOVED_TO, b"x")
+    events = inotify.parse_events(data)
+    assert [(e.mask, e.name) for e in events] == [
+        (inotify.IN_CREATE, "kubelet.sock"),
+        (inotify.IN_MOVED_TO, "x"),
+    ]
+
+
+async def test_the_daemon_learns_of_a_restart_without_scanning() -> None:
+    from .simnode import running
+
+    # With an hour between scans only the directory watch can notice the restart.
+    async with running("rebel-4", interval="1h") as h:
+        npu = "rebellions.ai/npu"
+        await h.kubelet.wait_for(npu, lambda v: len(v.devices) == 4)
+        (watching_record,) = await h.daemon.await_log("Watching for kubelet restarts")
+        assert watching_record["mode"] == "inotify"
+        scans = len(h.daemon.find("Reconciled device inventory"))
+        for generation in (2, 3):
+            await h.kubelet.restart()
+            await h.kubelet.wait_for(
+                npu, lambda v, g=generation: v.generation == g and len(v.devices) == 4
+            )
+        # The restart path rescans once per restart; the hourly schedule did not run.
+        assert len(h.daemon.find("Reconciled device inventory")) == scans + 2
