@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "A flag beats its environment variable, which beats the default. Logging is "
             f"set only through {logs.LEVEL_ENV} (error, warn, info, debug) and "
-            f"{logs.FORMAT_ENV} (json, text)."
+            f"{logs.FORMAT_ENV} (json, text). `rbln-device-plugin inspect [flags]` "
+            "reports on the node without starting the daemon (see inspect --help)."
         ),
         allow_abbrev=False,
         formatter_class=_HelpFormatter,
@@ -80,11 +81,16 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["inspect"]:
+        # Before the daemon's logger: inspect's stdout is its report, not log records.
+        from rbln_device_plugin import inspect_cli
+
+        return inspect_cli.main(args[1:])
     # The gRPC C core logs straight to fd 2 and reads this once, at import.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logs.install(os.environ)
     log = logs.get_logger()
-    args = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse(args, os.environ)
     except UsageError as exc:

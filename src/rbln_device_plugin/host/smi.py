@@ -80,7 +80,8 @@ def locate_rbln_smi(
     tried = ", ".join(str(c) for c in candidates)
     on_path = [Path(d or os.curdir) / "rbln-smi" for d in path_env.split(os.pathsep)]
     raise SmiNotFound(
-        f"rbln-smi not found (tried {tried} and $PATH={path_env})", [*candidates, *on_path]
+        f"rbln-smi not found (tried {tried} and $PATH={path_env})",
+        list(dict.fromkeys([*candidates, *on_path])),
     )
 
 
