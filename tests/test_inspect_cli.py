@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import jsonschema
 import pytest
 
 from rbln_device_plugin.host.smi import DEFAULT_CANDIDATES
+from rbln_device_plugin.sim.demo import DemoConfig, run_demo
 from rbln_device_plugin.sim.layout import Layout, preset
 from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
 from rbln_device_plugin.sim.state import Fault
@@ -602,3 +604,18 @@ async def test_inspect_beside_a_running_daemon_reports_what_the_kubelet_sees() -
         assert h.daemon.proc.poll() is None
         assert h.daemon.find("ListAndWatch stream ended; registering again") == []
     assert done.returncode == 1  # the faulted VF
+
+
+def test_demo_fails_the_inspect_step_when_inspect_fails(tmp_path: Path) -> None:
+    out = io.StringIO()
+    config = DemoConfig(
+        inspect_command=lambda node: [sys.executable, "-c", "import sys; sys.exit('boom')"],
+        daemon_command=lambda node: [sys.executable, "-c", "raise SystemExit(3)"],
+        daemon_available=True,
+        register_timeout=5.0,
+        out=out,
+    )
+    assert run_demo(config) == 1
+    text = out.getvalue()
+    assert "[1] Inspect the node before starting the daemon" in text
+    assert "FAILED   inspect exited with code 1: boom" in text
