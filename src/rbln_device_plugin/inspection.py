@@ -422,7 +422,8 @@ def _short_reason(problem: Problem) -> str:
 
 
 def _from_problem(problem: Problem, name: str | None, bus_id: str | None) -> Finding:
-    details = {k: v for k, v in problem.fields.items() if k not in ("device", "busID")}
+    # Device, bus ID and product are already columns of the row.
+    details = {k: v for k, v in problem.fields.items() if k not in ("device", "busID", "product")}
     return Finding(Severity.ERROR, problem.kind, problem.message, name, bus_id, details)
 
 
