@@ -202,136 +202,143 @@ class Report:
 
 def build_report(host: HostFacts) -> Report:
     """Explain every device of the node, as the daemon's first scan would treat it."""
-    findings: list[Finding] = []
-    if not host.smi.ok:
-        findings.append(_discovery_finding(host.smi))
-    sysfs_bus_ids = {d.bus_id for d in host.sysfs_devices if d.bus_id is not None}
-    sysfs_names = {d.name for d in host.sysfs_devices if d.name is not None}
+    explainer = _Explainer(host)
+    explainer.malformed_entries()
+    explainer.records()
+    explainer.sysfs_only()
+    return explainer.report()
 
-    def seen_in_sysfs(name: str | None, bus_id: str | None) -> bool:
-        return (name is not None and name in sysfs_names) or (
-            bus_id is not None and bus_id.lower() in sysfs_bus_ids
-        )
 
-    rows: list[Row] = []
-    records: list[SmiRecord] = []
-    for parsed in host.smi.entries:
-        if parsed.record is not None:
-            records.append(parsed.record)
-            continue
-        name, bus_id = _identity(parsed)
-        malformed = parsed.problem or Problem("malformed-entry", "Skipping malformed entry")
-        rows.append(
-            Row(
-                name=name,
-                bus_id=bus_id,
+class _Explainer:
+    """Builds one report: rows and findings accumulate, in rbln-smi's order, then sysfs."""
+
+    def __init__(self, host: HostFacts) -> None:
+        self.host = host
+        self.rows: list[Row] = []
+        self.findings: list[Finding] = [] if host.smi.ok else [_discovery_finding(host.smi)]
+        self.tables: dict[str, DeviceTable] = {}
+        self._sysfs_bus_ids = {d.bus_id for d in host.sysfs_devices if d.bus_id is not None}
+        self._sysfs_names = {d.name for d in host.sysfs_devices if d.name is not None}
+
+    def malformed_entries(self) -> None:
+        for parsed in self.host.smi.entries:
+            if parsed.problem is None:
+                continue
+            name, bus_id = _identity(parsed)
+            row = Row(
+                name,
+                bus_id,
                 listed=True,
-                in_sysfs=seen_in_sysfs(name, bus_id),
-                why_not=WhyNot(malformed.kind, "malformed rbln-smi entry"),
-                **_status_fields(host, name),
+                in_sysfs=self._in_sysfs(name, bus_id),
+                why_not=_why(parsed.problem),
             )
-        )
-        findings.append(_from_problem(malformed, name, bus_id))
+            self.rows.append(self._status(row, name))
+            self.findings.append(_from_problem(parsed.problem, name, bus_id))
 
-    screened = list(screen_records(records))
-    inventory = classify([record for record, problem in screened if problem is None], host.facts)
-    tables: dict[str, DeviceTable] = {}
-    for resource, devices in inventory.resources.items():
-        table = DeviceTable()
-        table.apply_scan(devices, lambda device: host.statuses.get(device.name, _NOT_READ))
-        tables[resource] = table
-    advertised = {
-        entry.device.name: (resource, entry)
-        for resource, table in tables.items()
-        for entry in table.entries.values()
-    }
+    def records(self) -> None:
+        """Screening, classification and first-scan health: the daemon's own functions."""
+        records = [parsed.record for parsed in self.host.smi.entries if parsed.record]
+        screened = list(screen_records(records))
+        kept = [record for record, problem in screened if problem is None]
+        for resource, devices in classify(kept, self.host.facts).resources.items():
+            table = DeviceTable()  # a fresh health history: what a first scan reports
+            table.apply_scan(devices, lambda device: self.host.statuses.get(device.name, _NOT_READ))
+            self.tables[resource] = table
+        advertised = {
+            name: (resource, entry)
+            for resource, table in self.tables.items()
+            for name, entry in table.entries.items()
+        }
+        for record, rejected in screened:
+            row = self._record_row(record)
+            if rejected is not None:
+                self.rows.append(self._status(replace(row, why_not=_why(rejected)), record.name))
+                self.findings.append(_from_problem(rejected, record.name, record.bus_id))
+                continue
+            facts = self.host.facts.get(record.bus_id, DeviceFacts())
+            row = replace(
+                row,
+                parent_bus_id=facts.sriov.parent_bus_id,
+                pci_path=facts.pci_path,
+                pci_path_error=facts.pci_path_error,
+            )
+            if record.name in advertised:
+                resource, entry = advertised[record.name]
+                self.rows.append(self._advertised(row, resource, entry))
+                self.findings += _advertised_findings(resource, entry, facts)
+                continue
+            _, excluded = resource_for(record, facts.sriov)
+            if excluded is None:  # a PF in a supported partition mode: its VFs carry it
+                why = WhyNot("hosting-vfs", _hosting(facts.sriov))
+            else:
+                why = _why(excluded)
+                self.findings.append(_from_problem(excluded, record.name, record.bus_id))
+            self.rows.append(self._status(replace(row, why_not=why), record.name))
 
-    for record, rejected in screened:
-        if rejected is not None:
-            rows.append(
-                Row(
-                    **_record_row(record, seen_in_sysfs(record.name, record.bus_id)),
-                    **_why(rejected),
-                    **_status_fields(host, record.name),
+    def sysfs_only(self) -> None:
+        """Devices sysfs shows that no rbln-smi entry names."""
+        names = {row.name for row in self.rows if row.name is not None}
+        bus_ids = {row.bus_id.lower() for row in self.rows if row.bus_id is not None}
+        for device in self.host.sysfs_devices:
+            if device.name in names or device.bus_id in bus_ids:
+                continue
+            row, finding = _sysfs_only(self.host, device)
+            self.rows.append(self._status(row, device.name))
+            if finding is not None:
+                self.findings.append(finding)
+
+    def report(self) -> Report:
+        rows = sorted(self.rows, key=lambda row: _natural(row.name, row.bus_id))
+        if not self.tables:
+            reason = _nothing_reason(self.host, rows)
+            self.findings.append(
+                Finding(
+                    Severity.ERROR,
+                    "nothing-advertised",
+                    "No device is advertised to the kubelet",
+                    details={"reason": reason},
                 )
             )
-            findings.append(_from_problem(rejected, record.name, record.bus_id))
-            continue
-        facts = host.facts.get(record.bus_id, DeviceFacts())
-        base = _record_row(record, seen_in_sysfs(record.name, record.bus_id)) | {
-            "parent_bus_id": facts.sriov.parent_bus_id,
-            "pci_path": facts.pci_path,
-            "pci_path_error": facts.pci_path_error,
-        }
-        hit = advertised.get(record.name)
-        if hit is not None:
-            resource, entry = hit
-            rows.append(Row(**base, **_advertised_fields(host, resource, entry)))
-            findings.extend(_advertised_findings(resource, entry, facts))
-            continue
-        _, excluded = resource_for(record, facts.sriov)
-        if excluded is not None:
-            findings.append(_from_problem(excluded, record.name, record.bus_id))
-            why = _why(excluded)
-        else:  # a PF in a supported partition mode: its VFs carry its capacity
-            why = {"why_not": WhyNot("hosting-vfs", _hosting(facts.sriov))}
-        rows.append(Row(**base, **why, **_status_fields(host, record.name)))
-
-    listed_names = {row.name for row in rows if row.name is not None}
-    listed_bus_ids = {row.bus_id.lower() for row in rows if row.bus_id is not None}
-    for device in host.sysfs_devices:
-        if device.name in listed_names or device.bus_id in listed_bus_ids:
-            continue
-        row, finding = _sysfs_only(host, device)
-        rows.append(row)
-        if finding is not None:
-            findings.append(finding)
-
-    rows.sort(key=lambda row: _natural(row.name, row.bus_id))
-    resources = tuple(_summary(name, tables.get(name)) for name in RESOURCES)
-    if not tables:
-        findings.append(
-            Finding(
-                Severity.ERROR,
-                "nothing-advertised",
-                "No device is advertised to the kubelet",
-                details={"reason": _nothing_reason(host, rows)},
-            )
+        order = {"discovery-failed": 0, "rbln-smi-not-found": 0, "nothing-advertised": 2}
+        findings = sorted(
+            self.findings, key=lambda f: (order.get(f.kind, 1), _natural(f.device, f.bus_id))
         )
-    order = {"discovery-failed": 0, "rbln-smi-not-found": 0, "nothing-advertised": 2}
-    findings.sort(key=lambda f: (order.get(f.kind, 1), _natural(f.device, f.bus_id)))
-    return Report(host, tuple(rows), resources, tuple(findings), tables)
+        resources = tuple(_summary(name, self.tables.get(name)) for name in RESOURCES)
+        return Report(self.host, tuple(rows), resources, tuple(findings), self.tables)
 
+    def _in_sysfs(self, name: str | None, bus_id: str | None) -> bool:
+        return (name is not None and name in self._sysfs_names) or (
+            bus_id is not None and bus_id.lower() in self._sysfs_bus_ids
+        )
 
-def _record_row(record: SmiRecord, in_sysfs: bool) -> dict[str, Any]:
-    return {
-        "name": record.name,
-        "bus_id": record.bus_id,
-        "product": record.product,
-        "pci_device_id": record.pci_device_id,
-        "numa": parse_numa(record.numa_node),
-        "sid": record.sid,
-        "listed": True,
-        "in_sysfs": in_sysfs,
-    }
+    def _record_row(self, record: SmiRecord) -> Row:
+        return Row(
+            name=record.name,
+            bus_id=record.bus_id,
+            product=record.product,
+            pci_device_id=record.pci_device_id,
+            numa=parse_numa(record.numa_node),
+            sid=record.sid,
+            listed=True,
+            in_sysfs=self._in_sysfs(record.name, record.bus_id),
+        )
 
+    def _status(self, row: Row, name: str | None) -> Row:
+        """The raw status reading of a device that is not advertised (no health verdict)."""
+        reading = self.host.statuses.get(name) if name is not None else None
+        if reading is None:
+            return row
+        return replace(row, status=reading.name, status_detail=reading.reason)
 
-def _status_fields(host: HostFacts, name: str | None) -> dict[str, Any]:
-    """The raw status reading of a device that is not advertised (no health verdict)."""
-    reading = host.statuses.get(name) if name is not None else None
-    if reading is None:
-        return {}
-    return {"status": reading.name, "status_detail": reading.reason}
-
-
-def _advertised_fields(host: HostFacts, resource: str, entry: Entry) -> dict[str, Any]:
-    reading = host.statuses.get(entry.device.name, _NOT_READ)
-    return {
-        "resource": resource,
-        "health": entry.verdict.health.value,
-        "status": entry.verdict.describe(),
-        "status_detail": reading.reason,
-    }
+    def _advertised(self, row: Row, resource: str, entry: Entry) -> Row:
+        reading = self.host.statuses.get(entry.device.name, _NOT_READ)
+        return replace(
+            row,
+            resource=resource,
+            health=entry.verdict.health.value,
+            status=entry.verdict.describe(),
+            status_detail=reading.reason,
+        )
 
 
 def _advertised_findings(resource: str, entry: Entry, facts: DeviceFacts) -> list[Finding]:
@@ -388,7 +395,6 @@ def _sysfs_only(host: HostFacts, device: SysfsDevice) -> tuple[Row, Finding | No
         why_not=why,
         pci_path=facts.pci_path,
         pci_path_error=facts.pci_path_error if device.bus_id else "no PCI device link in sysfs",
-        **_status_fields(host, device.name),
     )
     return row, finding
 
@@ -399,8 +405,8 @@ def _hosting(sriov: SriovFacts) -> str:
     return f"hosts {count} VF{'s' if count != 1 else ''}{unsupported}"
 
 
-def _why(problem: Problem) -> dict[str, Any]:
-    return {"why_not": WhyNot(problem.kind, _short_reason(problem))}
+def _why(problem: Problem) -> WhyNot:
+    return WhyNot(problem.kind, _short_reason(problem))
 
 
 _SHORT_REASONS: Final[Mapping[str, str]] = {
