@@ -30,6 +30,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from rbln_device_plugin import inspect_cli
 from rbln_device_plugin.host.smi import DEFAULT_CANDIDATES
 from rbln_device_plugin.sim.demo import DemoConfig, run_demo
 from rbln_device_plugin.sim.layout import Layout, preset
@@ -640,3 +641,31 @@ def test_readme_shows_real_output() -> None:
     shown = _readme_block("--preferred 2 --available rbln0,rbln4,rbln5 --must-include rbln0")
     assert shown.startswith("...\n")
     assert preferred.endswith(shown.removeprefix("...\n"))
+
+
+def test_an_internal_error_is_one_record_on_stderr_never_a_bare_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def broken(_: object) -> None:
+        raise RuntimeError("a bug in the report")
+
+    monkeypatch.setattr(inspect_cli, "build_report", broken)
+    args = ["--sysfs-root", str(tmp_path), "--rbln-smi", str(tmp_path / "rbln-smi")]
+    assert inspect_cli.main(args, environ={}) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    record = json.loads(line)
+    assert (record["level"], record["msg"]) == ("error", "Unexpected internal error in inspect")
+    assert record["err"] == "a bug in the report"
+
+
+def test_ctrl_c_exits_130_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def interrupted(_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect_cli, "gather", interrupted)
+    assert inspect_cli.main(["--sysfs-root", str(tmp_path)], environ={}) == 130
+    assert capsys.readouterr() == ("", "")
