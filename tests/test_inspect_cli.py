@@ -577,34 +577,57 @@ def test_inspect_writes_nothing_locks_nothing_and_opens_no_socket(tmp_path: Path
     assert str(node.smi_path) in spawns[0]["args"][0] and "'-j'" in spawns[0]["args"][1]
 
 
-async def test_inspect_beside_a_running_daemon_reports_what_the_kubelet_sees() -> None:
+def _sriov_with_a_faulted_vf() -> Layout:
     base = preset("rebel-sriov")
     faulted = dataclasses.replace(base.device("rbln0-2"), status="4\n")
-    layout = base.with_devices(faulted if d.name == "rbln0-2" else d for d in base.devices)
+    return base.with_devices(faulted if d.name == "rbln0-2" else d for d in base.devices)
+
+
+@pytest.mark.parametrize(
+    ("layout", "counts", "unhealthy"),
+    [
+        (_sriov_with_a_faulted_vf(), {NPU: 2, VF1: 1, VF4: 4}, ["rbln0-2"]),
+        (preset("rebel-sriov-bad"), {NPU: 1, VF1: 0, VF4: 4}, []),
+    ],
+    ids=["rebel-sriov-with-a-fault", "rebel-sriov-bad"],
+)
+async def test_inspect_beside_a_running_daemon_reports_what_the_kubelet_sees(
+    layout: Layout, counts: dict[str, int], unhealthy: list[str]
+) -> None:
     async with running(layout, interval="1h") as h:
-        for resource, count in ((NPU, 2), (VF1, 1), (VF4, 4)):
-            await h.kubelet.wait_for(resource, lambda v, n=count: len(v.devices) == n)  # type: ignore[misc]
+        for resource, count in counts.items():
+            if count:
+                await h.kubelet.wait_for(resource, lambda v, n=count: len(v.devices) == n)  # type: ignore[misc]
         registrations = len(h.kubelet.registrations)
         sockets = {name: (h.node.kubelet_dir / name).stat().st_ino for name in h.sockets()}
         done = await asyncio.to_thread(inspect, h.node, "--output", "json")
         document = json.loads(done.stdout)
+        told: dict[str, str] = {}
         for resource in (NPU, VF1, VF4):
             view = h.kubelet.view(resource)
-            assert view is not None and view.ended is None
-            told = {d.ID: d.health for d in view.devices}
+            assert (view is None) == (counts[resource] == 0)
+            seen = {} if view is None else {d.ID: d.health for d in view.devices}
             reported = {
                 d["device"]: d["health"]
                 for d in document["devices"]
                 if d["resourceName"] == resource
             }
-            assert reported == told
-        assert told["rbln0-2"] == "Unhealthy"  # type: ignore[possibly-undefined]
+            assert reported == seen, resource
+            told.update(seen)
+            view_counts = (
+                (0, 0, 0)
+                if view is None
+                else (len(view.devices), view.count("Healthy"), view.count("Unhealthy"))
+            )
+            assert summary(document)[resource] == view_counts
+            assert view_counts[0] == counts[resource]
         # Nothing changed for the daemon: same sockets, no new registration, still serving.
         assert len(h.kubelet.registrations) == registrations
         assert {n: (h.node.kubelet_dir / n).stat().st_ino for n in h.sockets()} == sockets
         assert h.daemon.proc.poll() is None
         assert h.daemon.find("ListAndWatch stream ended; registering again") == []
-    assert done.returncode == 1  # the faulted VF
+    assert [device for device, health in told.items() if health == "Unhealthy"] == unhealthy
+    assert done.returncode == 1  # a faulted VF / an unsupported VF count
 
 
 def test_demo_fails_the_inspect_step_when_inspect_fails(tmp_path: Path) -> None:
