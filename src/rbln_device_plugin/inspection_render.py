@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from rbln_device_plugin.inspection import Finding, PreferredReport, Report, Row, score_levels
+from rbln_device_plugin.inspection import (
+    Choice,
+    Finding,
+    PreferredReport,
+    Report,
+    Row,
+    score_levels,
+)
 
 SCHEMA_VERSION: Final = 1
 _CELL_MAX: Final = 72
@@ -87,7 +94,7 @@ def _problem(finding: Finding) -> dict[str, Any]:
 
 
 def _preferred(answer: PreferredReport) -> dict[str, Any]:
-    def choice(which: Any) -> dict[str, Any] | None:
+    def choice(which: Choice | None) -> dict[str, Any] | None:
         if which is None:
             return None
         return {"deviceIDs": list(which.device_ids), "score": score_levels(which.score)}
