@@ -542,7 +542,8 @@ def test_inspect_writes_nothing_locks_nothing_and_opens_no_socket(tmp_path: Path
     site = Path(tempfile.mkdtemp(prefix="rbln-audit-", dir="/tmp"))
     (site / "sitecustomize.py").write_text(AUDIT_HOOK)
     audit_log = site / "audit.jsonl"
-    env = {"PYTHONPATH": str(site), "RBLN_TEST_AUDIT_LOG": str(audit_log)}
+    python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": python_path, "RBLN_TEST_AUDIT_LOG": str(audit_log)}
     try:
         with sim("rebel-sriov") as node:
             stale_spec = node.cdi_root / "rebellions.ai-npu_stale.yaml"

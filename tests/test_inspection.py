@@ -344,7 +344,7 @@ def test_runner_up_matches_exhaustive_ranking(seed: int) -> None:
     size = rng.randrange(max(len(must), 1), len(available) + 1)
     answer = explain_preferred(report, "rebellions.ai/npu", size, available, must)
     table = report.tables["rebellions.ai/npu"]
-    cands = {name: candidate_from_device(e.device) for name, e in table.entries.items()}
+    cands = {name: candidate_from_device(e.device) for name, e in table.items()}
     ranking = brute_force(cands, available, must, size)
     assert answer.winner is not None
     assert answer.winner.score == ranking[0]

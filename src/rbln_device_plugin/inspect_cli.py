@@ -186,8 +186,22 @@ def _install_logging(environ: Mapping[str, str]) -> None:
     logs.install({**environ, logs.LEVEL_ENV: level}, stream=sys.stderr)
 
 
+def _flush_logs() -> None:
+    # Where records go through a background writer (a queued log sink), let them out
+    # before returning; with a direct writer there is nothing to wait for.
+    flush = getattr(logs, "flush", None)
+    if callable(flush):
+        flush()
+
+
 def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
-    environ = os.environ if environ is None else environ
+    try:
+        return _main(argv, os.environ if environ is None else environ)
+    finally:
+        _flush_logs()
+
+
+def _main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     _install_logging(environ)
     log = logs.get_logger()
     parser = build_parser()

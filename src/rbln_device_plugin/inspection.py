@@ -3,7 +3,7 @@
 Pure. One read-only pass over the host (``inspect_cli``) produces ``HostFacts``: the
 rbln-smi outcome entry by entry, the sysfs facts and the status readings. This module
 runs them through the daemon's own policy (record screening, SR-IOV classification, a
-first scan's health verdicts in a fresh ``DeviceTable`` per resource) and explains every
+first scan's health verdicts from a fresh ``HealthHistory`` per resource) and explains every
 device: the resource it is advertised under, or why it is not. ``explain_preferred``
 answers a ``GetPreferredAllocation`` the way the resource plugin would, with the
 runner-up. Rendering (table and JSON) lives in ``inspection_render``.
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from rbln_device_plugin.devicetable import DeviceTable, Entry
-from rbln_device_plugin.health import StatusReading
+from rbln_device_plugin.devicetable import Entry
+from rbln_device_plugin.health import HealthHistory, StatusReading
 from rbln_device_plugin.host.smi import ParsedEntry
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inventory import (
@@ -26,6 +26,7 @@ from rbln_device_plugin.inventory import (
     RESOURCE_NPU_VF1,
     RESOURCE_NPU_VF4,
     VF_RESOURCES,
+    Device,
     DeviceFacts,
     Problem,
     SmiRecord,
@@ -183,8 +184,9 @@ class Report:
     rows: tuple[Row, ...]
     resources: tuple[ResourceSummary, ...]
     findings: tuple[Finding, ...]
-    # What each resource plugin would hold after its first scan (only advertised ones).
-    tables: Mapping[str, DeviceTable]
+    # What each resource plugin would hold after its first scan, by device ID (only
+    # advertised resources appear).
+    tables: Mapping[str, Mapping[str, Entry]]
 
     @property
     def advertised(self) -> int:
@@ -216,7 +218,7 @@ class _Explainer:
         self.host = host
         self.rows: list[Row] = []
         self.findings: list[Finding] = [] if host.smi.ok else [_discovery_finding(host.smi)]
-        self.tables: dict[str, DeviceTable] = {}
+        self.tables: dict[str, dict[str, Entry]] = {}
         self._sysfs_bus_ids = {d.bus_id for d in host.sysfs_devices if d.bus_id is not None}
         self._sysfs_names = {d.name for d in host.sysfs_devices if d.name is not None}
 
@@ -241,13 +243,15 @@ class _Explainer:
         screened = list(screen_records(records))
         kept = [record for record, problem in screened if problem is None]
         for resource, devices in classify(kept, self.host.facts).resources.items():
-            table = DeviceTable()  # a fresh health history: what a first scan reports
-            table.apply_scan(devices, lambda device: self.host.statuses.get(device.name, _NOT_READ))
-            self.tables[resource] = table
+            history = HealthHistory()  # a new plugin's empty history: a first scan's verdicts
+            self.tables[resource] = {
+                device.name: Entry(device, history.observe(device.name, self._reading(device)))
+                for device in devices
+            }
         advertised = {
             name: (resource, entry)
             for resource, table in self.tables.items()
-            for name, entry in table.entries.items()
+            for name, entry in table.items()
         }
         for record, rejected in screened:
             row = self._record_row(record)
@@ -329,6 +333,9 @@ class _Explainer:
         if reading is None:
             return row
         return replace(row, status=reading.name, status_detail=reading.reason)
+
+    def _reading(self, device: Device) -> StatusReading:
+        return self.host.statuses.get(device.name, _NOT_READ)
 
     def _advertised(self, row: Row, resource: str, entry: Entry) -> Row:
         reading = self.host.statuses.get(entry.device.name, _NOT_READ)
@@ -456,11 +463,10 @@ def _nothing_reason(host: HostFacts, rows: Sequence[Row]) -> str:
     return "every device is excluded (see the other problems)"
 
 
-def _summary(name: str, table: DeviceTable | None) -> ResourceSummary:
-    if table is None:
-        return ResourceSummary(name, 0, 0, 0)
-    counts = table.counts()
-    return ResourceSummary(name, counts.devices, counts.healthy, counts.unhealthy)
+def _summary(name: str, table: Mapping[str, Entry] | None) -> ResourceSummary:
+    entries = list((table or {}).values())
+    healthy = sum(1 for entry in entries if entry.healthy)
+    return ResourceSummary(name, len(entries), healthy, len(entries) - healthy)
 
 
 def _natural(name: str | None, bus_id: str | None) -> tuple[Any, ...]:
@@ -536,11 +542,9 @@ def explain_preferred(
             fallback=f"{resource} is not advertised on this node (advertised: {offered})",
         )
     if available is None:
-        available = sorted(name for name, entry in table.entries.items() if entry.healthy)
+        available = sorted(name for name, entry in table.items() if entry.healthy)
     request = PreferredReport(resource, size, tuple(available), tuple(must_include))
-    candidates = {
-        name: candidate_from_device(entry.device) for name, entry in table.entries.items()
-    }
+    candidates = {name: candidate_from_device(entry.device) for name, entry in table.items()}
     try:
         result = preferred_allocation(candidates, available, must_include, size)
     except Fallback as exc:
