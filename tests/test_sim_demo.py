@@ -134,7 +134,13 @@ def test_demo_narrates_every_step_against_a_working_daemon(tmp_path: Path) -> No
     assert "32 devices  31 Healthy   1 Unhealthy" in text
     assert "kubelet.sock recreated" in text
     assert "SKIPPED" not in text and "FAILED" not in text
-    assert "6 ok, 0 skipped" in text
+    assert "7 ok, 0 skipped" in text
+    # The real inspect runs first, read-only, and sees what the daemon will advertise.
+    assert text.index("[1] Inspect the node before starting the daemon") < text.index(
+        "[2] Start the daemon"
+    )
+    assert "rebellions.ai/npu      32       32       0" in text
+    assert "OK: 32 devices advertised, 0 errors, 0 warnings (exit 0)" in text
     root = text.split("under ")[1].split()[0]
     assert not Path(root).exists()  # the node is removed afterwards
 
@@ -146,7 +152,7 @@ def test_unimplemented_features_are_skipped_not_failed(
     out = io.StringIO()
     assert run_demo(_config(tmp_path, out, FAKE_DAEMON)) == 0, out.getvalue()
     assert "SKIPPED  GetPreferredAllocation is not implemented yet" in out.getvalue()
-    assert "5 ok, 1 skipped" in out.getvalue()
+    assert "6 ok, 1 skipped" in out.getvalue()
 
 
 @pytest.mark.parametrize(
@@ -187,4 +193,4 @@ def test_a_missing_daemon_skips_everything(tmp_path: Path) -> None:
     config = _config(tmp_path, out, "", daemon_available=False)
     assert run_demo(config) == 0
     assert "the daemon is not built yet" in out.getvalue()
-    assert out.getvalue().count("SKIPPED") == 6
+    assert out.getvalue().count("SKIPPED") == 7

@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
             "A flag beats its environment variable, which beats the default. Logging is "
             f"set only through environment variables: {logs.LEVEL_ENV} accepts "
             f"{logs.describe_levels()} (default {logs.DEFAULT_LEVEL}); {logs.FORMAT_ENV} "
-            f"accepts {', '.join(logs.FORMATS)} (default {logs.DEFAULT_FORMAT}).",
+            f"accepts {', '.join(logs.FORMATS)} (default {logs.DEFAULT_FORMAT}). "
+            "`rbln-device-plugin inspect [flags]` reports on the node without starting "
+            "the daemon (see inspect --help).",
             width=79,
             break_on_hyphens=False,
         ),
@@ -115,20 +117,25 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["inspect"]:
+        # Before the daemon's logger: inspect's stdout is its report, not log records.
+        from rbln_device_plugin import inspect_cli
+
+        return inspect_cli.main(args[1:])
     try:
-        return _main(argv)
+        return _main(args)
     finally:
         # Records are written by a background thread: let the last ones out (bounded,
         # so a blocked stdout cannot hold the exit).
         logs.flush()
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(args: Sequence[str]) -> int:
     # The gRPC C core logs straight to fd 2 and reads this once, at import.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logs.install(os.environ)
     log = logs.get_logger()
-    args = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse(args, os.environ)
     except UsageError as exc:

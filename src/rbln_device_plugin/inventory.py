@@ -10,7 +10,7 @@ log each one once while it persists instead of once per scan.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -81,6 +81,8 @@ class SriovFacts:
 class DeviceFacts:
     sriov: SriovFacts = SriovFacts()
     pci_path: tuple[str, ...] | None = None
+    # Why pci_path is None (missing link, odd target); empty when it was read.
+    pci_path_error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,11 @@ class Problem:
     key: str  # stable identity of the condition (not of the scan)
     message: str  # log message
     fields: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """The condition without its subject: "unsupported-vf-count", "duplicate", ..."""
+        return self.key.split(":", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,51 +146,67 @@ def select_records(records: Iterable[SmiRecord]) -> tuple[list[SmiRecord], list[
     """
     kept: list[SmiRecord] = []
     problems: list[Problem] = []
+    for record, problem in screen_records(records):
+        if problem is None:
+            kept.append(record)
+        else:
+            problems.append(problem)
+    return kept, problems
+
+
+def screen_records(records: Iterable[SmiRecord]) -> Iterator[tuple[SmiRecord, Problem | None]]:
+    """``select_records`` one record at a time: (kept record, None) or (record, its Problem).
+
+    A kept record comes back with a lowercase bus ID.
+    """
     names: set[str] = set()
     bus_ids: set[str] = set()
     for record in records:
         if not is_valid_name(record.name):
-            problems.append(
+            yield (
+                record,
                 Problem(
                     f"invalid-name:{record.name!r}:{record.bus_id!r}",
                     "Skipping device with an invalid name",
                     _fields(record, reason="name must look like rbln<N> or rbln<N>-<K>"),
-                )
+                ),
             )
             continue
         if not is_valid_bus_id(record.bus_id):
-            problems.append(
+            yield (
+                record,
                 Problem(
                     f"invalid-bus-id:{record.name}:{record.bus_id!r}",
                     "Skipping device with an invalid PCI bus ID",
                     _fields(record, reason="bus ID must look like 0000:05:00.0"),
-                )
+                ),
             )
             continue
         if not is_supported_product(record.product):
-            problems.append(
+            yield (
+                record,
                 Problem(
                     f"unsupported-product:{record.name}:{record.bus_id}:{record.product!r}",
                     "Skipping unsupported device",
                     _fields(record, reason="product is not RBLN-CA* or RBLN-CR*"),
-                )
+                ),
             )
             continue
         bus_id = record.bus_id.lower()
         duplicate = "name" if record.name in names else "bus ID" if bus_id in bus_ids else None
         if duplicate is not None:
-            problems.append(
+            yield (
+                record,
                 Problem(
                     f"duplicate:{record.name}:{bus_id}",
                     "Skipping duplicate device",
                     _fields(record, reason=f"{duplicate} already listed by an earlier entry"),
-                )
+                ),
             )
             continue
         names.add(record.name)
         bus_ids.add(bus_id)
-        kept.append(record if bus_id == record.bus_id else _with_bus_id(record, bus_id))
-    return kept, problems
+        yield (record if bus_id == record.bus_id else _with_bus_id(record, bus_id)), None
 
 
 def _with_bus_id(record: SmiRecord, bus_id: str) -> SmiRecord:

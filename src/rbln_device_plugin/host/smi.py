@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from rbln_device_plugin.inventory import Problem, SmiRecord
 from rbln_device_plugin.logs import get_logger
@@ -34,6 +34,14 @@ _REAP_TIMEOUT_S: Final = 2.0
 
 class DiscoveryError(Exception):
     """Device discovery failed as a whole: the node then reports zero devices."""
+
+
+class SmiNotFound(DiscoveryError):
+    """No usable rbln-smi; ``tried`` lists every path looked at, in search order."""
+
+    def __init__(self, message: str, tried: Sequence[Path]) -> None:
+        super().__init__(message)
+        self.tried = tuple(tried)
 
 
 class SmiError(Exception):
@@ -59,7 +67,9 @@ def locate_rbln_smi(
     if configured is not None:
         if _is_executable_file(configured):
             return configured
-        raise DiscoveryError(f"configured rbln-smi {configured} is not an executable file")
+        raise SmiNotFound(
+            f"configured rbln-smi {configured} is not an executable file", [configured]
+        )
     for candidate in candidates:
         if _is_executable_file(candidate):
             return candidate
@@ -68,7 +78,11 @@ def locate_rbln_smi(
     if found is not None and _is_executable_file(Path(found)):
         return Path(found)
     tried = ", ".join(str(c) for c in candidates)
-    raise DiscoveryError(f"rbln-smi not found (tried {tried} and $PATH)")
+    on_path = [Path(d or os.curdir) / "rbln-smi" for d in path_env.split(os.pathsep)]
+    raise SmiNotFound(
+        f"rbln-smi not found (tried {tried} and $PATH={path_env})",
+        list(dict.fromkeys([*candidates, *on_path])),
+    )
 
 
 def trim_output(data: bytes, limit: int = ERROR_OUTPUT_BYTES) -> str:
@@ -277,20 +291,39 @@ def _entry_label(index: int, entry: Any) -> str:
     return f"entry {index}"
 
 
+class ParsedEntry(NamedTuple):
+    """One entry of the ``devices`` list: its record, or the Problem that skipped it."""
+
+    position: int  # index in the devices list
+    raw: Any  # the entry as rbln-smi printed it
+    record: SmiRecord | None
+    problem: Problem | None
+
+
+def parse_entries(text: str) -> list[ParsedEntry]:
+    """Every entry of ``rbln-smi -j`` with its outcome; DiscoveryError for bad JSON."""
+    parsed: list[ParsedEntry] = []
+    for index, entry in enumerate(load_devices(text)):
+        try:
+            parsed.append(ParsedEntry(index, entry, parse_record(entry), None))
+        except ValueError as exc:
+            label = _entry_label(index, entry)
+            problem = Problem(
+                f"malformed-entry:{label}:{exc}",
+                "Skipping malformed rbln-smi device entry",
+                {"entry": label, "reason": str(exc)},
+            )
+            parsed.append(ParsedEntry(index, entry, None, problem))
+    return parsed
+
+
 def parse_inventory(text: str) -> tuple[list[SmiRecord], list[Problem]]:
     """Parse ``rbln-smi -j``. Malformed entries are skipped with a Problem naming them."""
     records: list[SmiRecord] = []
     problems: list[Problem] = []
-    for index, entry in enumerate(load_devices(text)):
-        try:
-            records.append(parse_record(entry))
-        except ValueError as exc:
-            label = _entry_label(index, entry)
-            problems.append(
-                Problem(
-                    f"malformed-entry:{label}:{exc}",
-                    "Skipping malformed rbln-smi device entry",
-                    {"entry": label, "reason": str(exc)},
-                )
-            )
+    for entry in parse_entries(text):
+        if entry.record is not None:
+            records.append(entry.record)
+        if entry.problem is not None:
+            problems.append(entry.problem)
     return records, problems

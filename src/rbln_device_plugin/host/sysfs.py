@@ -7,8 +7,10 @@ affects only that device.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -21,6 +23,8 @@ _SMALL_FILE_BYTES: Final = 64
 # integer the driver can write is classified as such, and a runaway file costs one page.
 _STATUS_FILE_BYTES: Final = MAX_STATUS_CHARS
 _PCI_ROOT_RE: Final = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}", re.ASCII)
+# The PCI vendor ID of every Rebellions function, as sysfs prints it.
+REBELLIONS_PCI_VENDOR: Final = "0x1eff"
 
 
 # Paths are built as strings: pathlib's joins cost more than the reads themselves here,
@@ -98,23 +102,43 @@ def read_pci_path(root: Path | str, bus_id: str) -> tuple[str, ...] | None:
     None means the link is missing or does not resolve to a plausible PCI device
     directory; only this device's topology is then unknown.
     """
+    return explain_pci_path(root, bus_id)[0]
+
+
+def explain_pci_path(root: Path | str, bus_id: str) -> tuple[tuple[str, ...] | None, str]:
+    """``read_pci_path`` plus why the path is unreadable ("" when it was read)."""
     bus_id = bus_id.lower()
     if not is_valid_bus_id(bus_id):
-        return None
-    resolved = _resolve_dir(pci_device_dir(root, bus_id))
+        return None, f"bus ID {bus_id[:64]!r} is not a PCI address"
+    link = pci_device_dir(root, bus_id)
+    resolved = _resolve_dir(link)
     if resolved is None:
-        return None
+        return None, _unresolvable(link)
     parts = resolved.lower().split(os.sep)
     if not parts or parts[-1] != bus_id:
-        return None
+        return None, f"{link} resolves to {resolved}, not to a directory named {bus_id}"
     # The pciDDDD:BB segment is the host bridge: everything below it must be BDFs.
     start = next((i for i, part in enumerate(parts) if _PCI_ROOT_RE.fullmatch(part)), None)
     if start is None:
-        return None
+        return None, f"{link} resolves to {resolved}, which has no pciDDDD:BB host bridge"
     chain = parts[start:]
-    if len(chain) < 2 or not all(is_valid_bus_id(part) for part in chain[1:]):
-        return None
-    return tuple(chain)
+    odd = next((part for part in chain[1:] if not is_valid_bus_id(part)), None)
+    if len(chain) < 2 or odd is not None:
+        return None, f"{link} resolves to {resolved}: {odd!r} below the host bridge is not a BDF"
+    return tuple(chain), ""
+
+
+def _unresolvable(link: str) -> str:
+    """Why ``link`` did not resolve to a directory (only computed on that failure)."""
+    try:
+        target = os.readlink(link)
+    except FileNotFoundError:
+        return f"{link} does not exist"
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return f"{link} is neither a directory nor a link to one"
+        return f"cannot read {link}: {exc.strerror or exc}"
+    return f"{link} -> {target} does not resolve to a directory"
 
 
 def _read_count(path: str) -> int:
@@ -164,4 +188,62 @@ def read_sriov(root: Path | str, bus_id: str) -> SriovFacts:
 
 
 def read_device_facts(root: Path | str, bus_id: str) -> DeviceFacts:
-    return DeviceFacts(sriov=read_sriov(root, bus_id), pci_path=read_pci_path(root, bus_id))
+    pci_path, pci_path_error = explain_pci_path(root, bus_id)
+    return DeviceFacts(
+        sriov=read_sriov(root, bus_id), pci_path=pci_path, pci_path_error=pci_path_error
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SysfsDevice:
+    """An NPU function the host shows in sysfs, whatever rbln-smi lists."""
+
+    name: str | None  # its class/rebellions/<name> entry; None: only the PCI function exists
+    bus_id: str | None  # lowercase BDF; None: the class entry has no usable device link
+
+
+def list_sysfs_devices(root: Path | str) -> list[SysfsDevice]:
+    """Devices of the rebellions driver class, then Rebellions PCI functions without one.
+
+    Only names and bus IDs that pass the inventory's shape checks are returned, so
+    nothing here can turn into an unexpected path. Never raises: an unreadable
+    directory shows nothing.
+    """
+    found: list[SysfsDevice] = []
+    seen: set[str] = set()
+    class_dir = os.path.join(root, "class", "rebellions")
+    for name in sorted(_list_dir(class_dir)):
+        if not is_valid_name(name):
+            continue
+        bus_id = _link_target_bdf(os.path.join(class_dir, name, "device"))
+        found.append(SysfsDevice(name, bus_id))
+        if bus_id is not None:
+            seen.add(bus_id)
+    devices_dir = os.path.join(root, "bus", "pci", "devices")
+    for entry in sorted(_list_dir(devices_dir)):
+        bus_id = entry.lower()
+        if bus_id in seen or not is_valid_bus_id(bus_id):
+            continue
+        try:
+            vendor = _read_small(os.path.join(devices_dir, entry, "vendor")).strip().lower()
+        except (OSError, _Malformed):
+            continue
+        if vendor == REBELLIONS_PCI_VENDOR:
+            found.append(SysfsDevice(None, bus_id))
+    return found
+
+
+def _list_dir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _link_target_bdf(link: str) -> str | None:
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    bus_id = os.path.basename(target.rstrip("/")).lower()
+    return bus_id if is_valid_bus_id(bus_id) else None

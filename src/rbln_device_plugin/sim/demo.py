@@ -50,6 +50,13 @@ class DemoConfig:
     daemon_command: Callable[[SimNode], list[str]] = field(
         default=lambda node: [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args()]
     )
+    # The read-only report shown before the daemon starts.
+    inspect_command: Callable[[SimNode], list[str]] = field(
+        default=lambda node: [
+            sys.executable, "-m", "rbln_device_plugin", "inspect", *node.daemon_args()
+        ]
+    )  # fmt: skip
+    inspect_timeout: float = 60.0
     # Whether the daemon exists at all; None: look for rbln_device_plugin.cli.
     daemon_available: bool | None = None
     out: IO[str] = field(default_factory=lambda: sys.stdout)
@@ -94,19 +101,47 @@ class _Demo:
             self.say(f"    FAILED   {type(exc).__name__}: {exc}")
             return False
         for line in lines:
-            self.say(f"    {line}")
+            self.say(f"    {line}" if line else "")
         self.results.append((title, "OK"))
         self.say(f"    ok ({time.monotonic() - started:.1f} s)")
         return True
 
     # ---------------------------------------------------------------- steps
 
-    async def start_daemon(self) -> list[str]:
+    def _require_daemon(self) -> None:
         available = self.config.daemon_available
         if available is None:
             available = importlib.util.find_spec("rbln_device_plugin.cli") is not None
         if not available:
             raise Skipped("the daemon is not built yet (no rbln_device_plugin.cli module)")
+
+    async def inspect_node(self) -> list[str]:
+        """``rbln-device-plugin inspect``: the node as the daemon will see it, read-only."""
+        self._require_daemon()
+        argv = self.config.inspect_command(self.node)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with asyncio.timeout(self.config.inspect_timeout):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise Failed(
+                f"inspect did not finish within {self.config.inspect_timeout:g} s"
+            ) from None
+        report = out.decode(errors="replace")
+        if proc.returncode != 0:
+            detail = _short(err.decode(errors="replace").strip() or report.strip(), 300)
+            raise Failed(f"inspect exited with code {proc.returncode}: {detail}")
+        return ["$ rbln-device-plugin inspect <the daemon's flags>", *_excerpt(report)]
+
+    async def start_daemon(self) -> list[str]:
+        self._require_daemon()
         argv = self.config.daemon_command(self.node)
         log = self.log_path.open("wb")
         try:
@@ -259,6 +294,21 @@ class _Demo:
         return []
 
 
+def _excerpt(report: str, rows: int = 4) -> list[str]:
+    """The inspect table with only its first device rows; every other section whole."""
+    blocks = report.rstrip("\n").split("\n\n")
+    out: list[str] = []
+    for index, block in enumerate(blocks):
+        lines = block.splitlines()
+        if index == 1 and len(lines) > rows + 1:
+            hidden = len(lines) - 1 - rows
+            lines = [*lines[: rows + 1], f"... {hidden} more device rows"]
+        if out:
+            out.append("")
+        out += lines
+    return out
+
+
 def _exists(path: str) -> bool:
     return Path(path).exists()
 
@@ -300,6 +350,7 @@ async def run_demo_async(config: DemoConfig) -> int:
         async with KubeletStub(node.kubelet_dir) as stub:
             demo = _Demo(config, node, stub)
             try:
+                await demo.step("Inspect the node before starting the daemon", demo.inspect_node)
                 await demo.step("Start the daemon", demo.start_daemon)
                 started = ["Start the daemon"]
                 await demo.step("Register with the kubelet", demo.registration, started)

@@ -1,0 +1,238 @@
+"""``rbln-device-plugin inspect``: one read-only pass over the node, printed as a report.
+
+The daemon's flags, environment variables and defaults (``cli``/``config``), the
+daemon's discovery code (``host.smi``, ``host.sysfs``) and its policy (``inspection``):
+only the output differs. Nothing here creates an RSD group, takes a lock, opens a socket
+or a port, or writes a file, so it is safe next to a running daemon
+(``kubectl exec ds/<name> -- rbln-device-plugin inspect``).
+
+stdout carries only the report. Log records go to stderr, and only at error level (an
+internal error) unless RBLN_DEVICE_PLUGIN_LOG_LEVEL=debug: the report already says
+everything the daemon would log about the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import textwrap
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from rbln_device_plugin import __version__, cli, config, logs
+from rbln_device_plugin.host import smi, sysfs
+from rbln_device_plugin.inspection import (
+    RESOURCES,
+    HostFacts,
+    SmiOutcome,
+    build_report,
+    explain_preferred,
+    wanted_reads,
+)
+from rbln_device_plugin.inspection_render import render_table, to_document
+from rbln_device_plugin.inventory import RESOURCE_NPU
+
+PROG: Final = "rbln-device-plugin inspect"
+EXIT_INTERRUPTED: Final = 130
+
+_EPILOG: Final = (
+    "Runs one discovery pass with the daemon's configuration (same flags, environment "
+    "variables and defaults) and prints what the node has, what the kubelet is told and "
+    "why. Read-only: no RSD group, lock, socket, port or file is created. Exit status: 0 "
+    "when at least one device is advertised and no error was found, 1 when discovery "
+    "fails, nothing is advertised or an error was found, 2 for usage errors. The report "
+    "goes to stdout; log records go to stderr, errors only unless "
+    f"{logs.LEVEL_ENV}=debug."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    config: config.Config
+    output: str  # "table" or "json"
+    preferred: int | None  # allocation size; None: no preferred-allocation question
+    resource: str
+    available: list[str] | None  # None: the resource's Healthy devices
+    must_include: list[str]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The daemon's parser (every daemon flag, same help) plus inspect's own flags."""
+    parser = cli.build_parser()
+    parser.prog = PROG
+    parser.description = "Show what this node has, what the kubelet is told, and why."
+    parser.epilog = textwrap.fill(_EPILOG, 79)
+    group = parser.add_argument_group("inspect options")
+    group.add_argument(
+        "--output", choices=("table", "json"), default="table", help="report format [table]"
+    )
+    group.add_argument(
+        "--preferred",
+        type=int,
+        metavar="SIZE",
+        help="also show what GetPreferredAllocation would answer for SIZE devices now, "
+        "with every score level of the winner and of the runner-up",
+    )
+    group.add_argument(
+        "--resource",
+        choices=RESOURCES,
+        metavar="NAME",
+        help=f"resource of the --preferred request [{RESOURCE_NPU}]",
+    )
+    group.add_argument(
+        "--available",
+        metavar="IDS",
+        help="comma-separated device IDs the kubelet offers (default: the resource's "
+        "Healthy devices)",
+    )
+    group.add_argument(
+        "--must-include", metavar="IDS", help="comma-separated device IDs the answer must hold"
+    )
+    return parser
+
+
+def parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str], environ: Mapping[str, str]
+) -> Options:
+    """Flags + environment -> Options. Raises cli.UsageError for anything unusable."""
+    namespace = parser.parse_args(list(argv))
+    if namespace.preferred is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--resource", namespace.resource),
+                ("--available", namespace.available),
+                ("--must-include", namespace.must_include),
+            )
+            if value is not None
+        ]
+        if given:
+            raise cli.UsageError(f"{', '.join(given)} need --preferred SIZE")
+    try:
+        cfg = config.resolve(vars(namespace), environ)
+    except config.ConfigError as exc:
+        raise cli.UsageError(str(exc)) from None
+    return Options(
+        config=cfg,
+        output=namespace.output,
+        preferred=namespace.preferred,
+        resource=namespace.resource or RESOURCE_NPU,
+        available=None if namespace.available is None else _ids(namespace.available),
+        must_include=_ids(namespace.must_include or ""),
+    )
+
+
+def _ids(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+async def run_discovery(cfg: config.Config) -> SmiOutcome:
+    """Find and run ``rbln-smi -j`` exactly as a daemon scan does; never raises for it."""
+    try:
+        binary = smi.locate_rbln_smi(cfg.rbln_smi)
+    except smi.SmiNotFound as exc:
+        configured = str(cfg.rbln_smi) if cfg.rbln_smi is not None else None
+        return SmiOutcome(configured, str(exc), tuple(str(path) for path in exc.tried))
+    except smi.DiscoveryError as exc:
+        return SmiOutcome(None, str(exc))
+    started = time.monotonic()
+
+    def elapsed() -> float:
+        return round((time.monotonic() - started) * 1000, 1)
+
+    try:
+        text = await smi.run_smi(binary, ["-j"], smi.INVENTORY_TIMEOUT_S)
+        entries = tuple(smi.parse_entries(text))
+    except (smi.SmiError, smi.DiscoveryError) as exc:
+        return SmiOutcome(str(binary), str(exc), duration_ms=elapsed())
+    return SmiOutcome(str(binary), entries=entries, duration_ms=elapsed())
+
+
+def gather(cfg: config.Config) -> HostFacts:
+    """The read-only pass: rbln-smi once, then the sysfs files the report needs."""
+    outcome = asyncio.run(run_discovery(cfg))
+    devices = tuple(sysfs.list_sysfs_devices(cfg.sysfs_root))
+    bus_ids, names = wanted_reads(outcome.entries, devices)
+    return HostFacts(
+        smi=outcome,
+        sysfs_devices=devices,
+        facts={bus_id: sysfs.read_device_facts(cfg.sysfs_root, bus_id) for bus_id in bus_ids},
+        statuses={name: sysfs.read_status(cfg.sysfs_root, name) for name in names},
+        config=cfg.describe(),
+    )
+
+
+def render(options: Options, host: HostFacts) -> tuple[str, int]:
+    report = build_report(host)
+    preferred = None
+    if options.preferred is not None:
+        preferred = explain_preferred(
+            report, options.resource, options.preferred, options.available, options.must_include
+        )
+    if options.output == "json":
+        document = to_document(report, preferred, __version__)
+        return json.dumps(document, indent=2, default=str) + "\n", report.exit_code
+    return render_table(report, preferred), report.exit_code
+
+
+def _install_logging(environ: Mapping[str, str]) -> None:
+    settings = logs.resolve_settings(environ)
+    level = "debug" if settings.level_name == "debug" else "error"
+    logs.install({**environ, logs.LEVEL_ENV: level}, stream=sys.stderr)
+
+
+def _flush_logs() -> None:
+    # Where records go through a background writer (a queued log sink), let them out
+    # before returning; with a direct writer there is nothing to wait for.
+    flush = getattr(logs, "flush", None)
+    if callable(flush):
+        flush()
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
+    try:
+        return _main(argv, os.environ if environ is None else environ)
+    finally:
+        _flush_logs()
+
+
+def _main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    _install_logging(environ)
+    log = logs.get_logger()
+    parser = build_parser()
+    try:
+        options = parse(parser, argv, environ)
+    except cli.UsageError as exc:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return cli.EXIT_USAGE
+    except SystemExit as exc:  # --help / --version
+        return int(exc.code or 0)
+    try:
+        started = time.monotonic()
+        host = gather(options.config)
+        output, code = render(options, host)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        log.error("Unexpected internal error in inspect", err=exc, exc_info=True)
+        return cli.EXIT_FAILURE
+    log.debug(
+        "Inspected node",
+        exitCode=code,
+        durationMs=round((time.monotonic() - started) * 1000, 1),
+        config=options.config.describe(),
+    )
+    try:
+        sys.stdout.write(output)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): keep the exit status, drop the rest quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return code
