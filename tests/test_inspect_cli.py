@@ -201,6 +201,19 @@ def test_faulted_device() -> None:
     assert done.stdout.splitlines()[-1].startswith("NOT OK: 4 devices advertised, 1 error")
 
 
+def test_a_status_file_that_blocks_is_reported_not_waited_for() -> None:
+    with sim("rebel-4") as node:
+        status = node.status_path("rbln1")
+        status.unlink()
+        os.mkfifo(status)  # a wedged driver: open() never returns
+        # The command ends on its own; its abandoned reader thread goes with the process.
+        document, _ = report(node)
+    stuck = device(document, "rbln1")
+    assert stuck["status"] == "UNREADABLE"
+    assert "did not finish within" in stuck["statusDetail"]
+    assert device(document, "rbln2")["status"] == "READY"
+
+
 def test_missing_rbln_smi_names_every_path_tried(tmp_path: Path) -> None:
     present = [str(path) for path in DEFAULT_CANDIDATES if path.exists()]
     if present:

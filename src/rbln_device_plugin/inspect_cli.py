@@ -22,10 +22,13 @@ import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
 from rbln_device_plugin import __version__, cli, config, logs
+from rbln_device_plugin.health import StatusReading
 from rbln_device_plugin.host import smi, sysfs
+from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inspection import (
     RESOURCES,
     HostFacts,
@@ -35,7 +38,7 @@ from rbln_device_plugin.inspection import (
     wanted_reads,
 )
 from rbln_device_plugin.inspection_render import render_table, to_document
-from rbln_device_plugin.inventory import RESOURCE_NPU
+from rbln_device_plugin.inventory import RESOURCE_NPU, DeviceFacts, SriovFacts
 
 PROG: Final = "rbln-device-plugin inspect"
 EXIT_INTERRUPTED: Final = 130
@@ -131,10 +134,13 @@ def _ids(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-async def run_discovery(cfg: config.Config) -> SmiOutcome:
+async def run_discovery(cfg: config.Config, io: HostIO) -> SmiOutcome:
     """Find and run ``rbln-smi -j`` exactly as a daemon scan does; never raises for it."""
     try:
-        binary = smi.locate_rbln_smi(cfg.rbln_smi)
+        found = await io.call("rbln-smi lookup", partial(smi.locate_rbln_smi, cfg.rbln_smi))
+        if isinstance(found, Stalled):
+            return SmiOutcome(None, f"looking for rbln-smi: {found}")
+        binary = found
     except smi.SmiNotFound as exc:
         configured = str(cfg.rbln_smi) if cfg.rbln_smi is not None else None
         return SmiOutcome(configured, str(exc), tuple(str(path) for path in exc.tried))
@@ -153,18 +159,47 @@ async def run_discovery(cfg: config.Config) -> SmiOutcome:
     return SmiOutcome(str(binary), entries=entries, duration_ms=elapsed())
 
 
-def gather(cfg: config.Config) -> HostFacts:
-    """The read-only pass: rbln-smi once, then the sysfs files the report needs."""
-    outcome = asyncio.run(run_discovery(cfg))
-    devices = tuple(sysfs.list_sysfs_devices(cfg.sysfs_root))
+async def gather(cfg: config.Config) -> HostFacts:
+    """The read-only pass: rbln-smi once, then the sysfs files the report needs.
+
+    Host reads go through the daemon's bounded runner: a file a wedged driver never
+    answers shows up as unreadable (with the reason) instead of hanging the command.
+    """
+    io = HostIO()
+    root = cfg.sysfs_root
+    outcome = await run_discovery(cfg, io)
+    listed = await io.call(
+        os.path.join(root, "bus", "pci", "devices"),
+        lambda: tuple(sysfs.list_sysfs_devices(root)),
+    )
+    devices = () if isinstance(listed, Stalled) else listed
     bus_ids, names = wanted_reads(outcome.entries, devices)
+    facts = await io.map(
+        [Call(sysfs.pci_device_dir(root, b), partial(sysfs.read_device_facts, root, b))
+         for b in bus_ids]
+    )  # fmt: skip
+    statuses = await io.map(
+        [Call(sysfs.status_path(root, n), partial(sysfs.read_status, root, n)) for n in names]
+    )
     return HostFacts(
         smi=outcome,
         sysfs_devices=devices,
-        facts={bus_id: sysfs.read_device_facts(cfg.sysfs_root, bus_id) for bus_id in bus_ids},
-        statuses={name: sysfs.read_status(cfg.sysfs_root, name) for name in names},
+        facts={
+            bus_id: fact if isinstance(fact, DeviceFacts) else _stalled_facts(fact)
+            for bus_id, fact in zip(bus_ids, facts, strict=True)
+        },
+        statuses={
+            name: reading
+            if isinstance(reading, StatusReading)
+            else StatusReading(None, str(reading))
+            for name, reading in zip(names, statuses, strict=True)
+        },
         config=cfg.describe(),
     )
+
+
+def _stalled_facts(stalled: Stalled) -> DeviceFacts:
+    return DeviceFacts(sriov=SriovFacts(error=str(stalled)), pci_path_error=str(stalled))
 
 
 def render(options: Options, host: HostFacts) -> tuple[str, int]:
@@ -186,19 +221,11 @@ def _install_logging(environ: Mapping[str, str]) -> None:
     logs.install({**environ, logs.LEVEL_ENV: level}, stream=sys.stderr)
 
 
-def _flush_logs() -> None:
-    # Where records go through a background writer (a queued log sink), let them out
-    # before returning; with a direct writer there is nothing to wait for.
-    flush = getattr(logs, "flush", None)
-    if callable(flush):
-        flush()
-
-
 def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     try:
         return _main(argv, os.environ if environ is None else environ)
     finally:
-        _flush_logs()
+        logs.flush()  # records are written by a background thread
 
 
 def _main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -215,7 +242,7 @@ def _main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return int(exc.code or 0)
     try:
         started = time.monotonic()
-        host = gather(options.config)
+        host = asyncio.run(gather(options.config))
         output, code = render(options, host)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
