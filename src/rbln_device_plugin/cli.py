@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from rbln_device_plugin import __version__, config, logs
+from rbln_device_plugin import __version__, config, inventory, logs
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -96,6 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
 
     log.info("Starting rbln-device-plugin", version=__version__, config=cfg.describe())
+    if config.legacy_names_requested(os.environ):
+        log.warning(
+            f"{config.IGNORED_ENV}=false has no effect: resource names are fixed",
+            variable=config.IGNORED_ENV,
+            value=os.environ[config.IGNORED_ENV],
+            resourceNames=[inventory.RESOURCE_NPU, *inventory.VF_RESOURCES.values()],
+            hint="per-product names such as rebellions.ai/ATOM are not advertised; "
+            "workloads must request the names above",
+        )
     try:
         from rbln_device_plugin import daemon  # imports grpc: after GRPC_VERBOSITY is set
 
