@@ -486,7 +486,8 @@ def test_go_chart_values_file_reaches_the_daemonset(rendered: dict[str, str]) ->
         "app.kubernetes.io/instance": RELEASE,
         **go["selectorLabelsOverride"],
     }
-    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_template["metadata"]["labels"].items()
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_template["metadata"]["labels"].items()
     # Image and service account.
     assert pod["imagePullSecrets"] == go["imagePullSecrets"]
     assert container["image"] == f"{go['image']['repository']}:{go['image']['tag']}"
