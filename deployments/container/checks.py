@@ -122,7 +122,6 @@ def generate_lock(pyproject: Path, lock: Path, uv: str) -> str:
         uv, "pip", "compile", str(pyproject.name),
         "--generate-hashes", "--no-header",
         "--python-version", PYTHON_VERSION, "--python-platform", "linux",
-        "--output-file", "-",
     ]  # fmt: skip
     done = subprocess.run(
         command, cwd=pyproject.parent, capture_output=True, text=True, check=False
