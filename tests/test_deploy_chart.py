@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -842,3 +844,47 @@ def _yamllint(paths: Sequence[Path]) -> subprocess.CompletedProcess[str]:
 def test_values_and_chart_metadata_pass_yamllint() -> None:
     done = _yamllint([CHART / "values.yaml", CHART / "Chart.yaml"])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def readme_commands(prefix: str) -> list[list[str]]:
+    """Shell commands in the README's sh blocks that start with ``prefix``, as argv lists."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^ *```sh\n(.*?)^ *```$", readme, flags=re.S | re.M)
+    lines = [line.strip() for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith(prefix)]
+
+
+PLACEHOLDERS = {
+    "<registry>": "registry.example.com",
+    "<tag>": "1.2.0",
+    "<release>": RELEASE,
+    "<namespace>": NAMESPACE,
+}
+
+
+def _fill(word: str, values_file: str) -> str:
+    for placeholder, value in PLACEHOLDERS.items():
+        word = word.replace(placeholder, value)
+    return word.replace("<your-values.yaml>", values_file)
+
+
+@pytest.mark.parametrize("kind", ["quick start", "migration"])
+def test_readme_helm_commands_render_with_this_chart(helm: Helm, kind: str) -> None:
+    prefix = "helm upgrade --install" if kind == "quick start" else "helm upgrade <release>"
+    (argv,) = readme_commands(prefix)
+    argv = [_fill(word, helm.values_file(GO_CHART_VALUES)) for word in argv]
+    # `helm upgrade [--install] RELEASE CHART ARGS...` rendered as `helm template`.
+    positional = [w for w in argv[2:] if not w.startswith("-")][:2]
+    assert positional[1] == "./deployments/helm/k8s-device-plugin-chart"
+    rest = argv[2:]
+    for word in positional:
+        rest.remove(word)
+    rest = [w for w in rest if w not in ("--install", "--create-namespace")]
+    done = helm.run("template", positional[0], str(REPO / positional[1]), *rest)
+    assert done.returncode == 0, done.stderr
+    ds = daemonset(done.stdout)
+    assert plugin_container(ds)["image"] == "registry.example.com/k8s-device-plugin:1.2.0"
+    if kind == "quick start":
+        # The README's rollout check looks in the namespace the install used.
+        (check,) = readme_commands("kubectl -n")
+        assert ds["metadata"]["namespace"] == check[2]

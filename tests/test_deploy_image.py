@@ -502,3 +502,18 @@ def test_orphans_are_reaped_only_under_tini(tmp_path: Path, under_wrapper: bool)
         pytest.skip(f"cannot create PID and mount namespaces here: {done.stderr.strip()}")
     zombies = int(out.read_text())
     assert (zombies == 0) if under_wrapper else (zombies > 0), f"{zombies} zombies"
+
+
+def test_readme_build_command_builds_and_pushes_the_tag_the_chart_uses(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^ *```sh\n(.*?)^ *```$", readme, flags=re.S | re.M)
+    lines = [line.strip() for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+    (command,) = [line for line in lines if line.startswith("make -f deployments/container")]
+    command = command.replace("<registry>", "registry.example.com").replace("<tag>", "1.2.0")
+    argv = shlex.split(command)
+    assert argv[:4] == ["make", "-f", "deployments/container/Makefile", "build"]
+    done, calls = make_build(tmp_path, *argv[4:])
+    assert done.returncode == 0, done.stderr
+    build, push = calls
+    assert build[build.index("--tag") + 1] == "registry.example.com/k8s-device-plugin:1.2.0"
+    assert push == ["push", "registry.example.com/k8s-device-plugin:1.2.0"]
