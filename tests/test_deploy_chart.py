@@ -888,3 +888,53 @@ def test_readme_helm_commands_render_with_this_chart(helm: Helm, kind: str) -> N
         # The README's rollout check looks in the namespace the install used.
         (check,) = readme_commands("kubectl -n")
         assert ds["metadata"]["namespace"] == check[2]
+
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+# Kubernetes objects passed through from the values: their keys must be Kubernetes' own.
+PASSED_THROUGH = {
+    "devicePlugin/podSecurityContext": "io.k8s.api.core.v1.PodSecurityContext",
+    "devicePlugin/containers/plugin/securityContext": "io.k8s.api.core.v1.SecurityContext",
+    "devicePlugin/containers/plugin/resources": "io.k8s.api.core.v1.ResourceRequirements",
+    "devicePlugin/containers/plugin/extraEnv/[]": "io.k8s.api.core.v1.EnvVar",
+    "devicePlugin/tolerations/[]": "io.k8s.api.core.v1.Toleration",
+    "devicePlugin/affinity": "io.k8s.api.core.v1.Affinity",
+    "devicePlugin/updateStrategy": "io.k8s.api.apps.v1.DaemonSetUpdateStrategy",
+    "devicePlugin/updateStrategy/rollingUpdate": "io.k8s.api.apps.v1.RollingUpdateDaemonSet",
+    "imagePullSecrets/[]": "io.k8s.api.core.v1.LocalObjectReference",
+}
+
+
+def schema_at(path: str) -> dict[str, Any]:
+    node: dict[str, Any] = SCHEMA
+    for part in path.split("/"):
+        node = node["items"] if part == "[]" else node["properties"][part]
+    return node
+
+
+def schema_objects(node: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Any]]:
+    if "properties" in node:
+        yield path or "/", node
+        for key, child in node["properties"].items():
+            yield from schema_objects(child, f"{path}/{key}")
+    if isinstance(node.get("items"), dict):
+        yield from schema_objects(node["items"], f"{path}/[]")
+
+
+def test_every_object_in_the_schema_is_closed() -> None:
+    found = dict(schema_objects(SCHEMA))
+    assert len(found) > 15
+    open_objects = [path for path, node in found.items() if node.get("additionalProperties")]
+    assert not open_objects
+    assert all(node.get("additionalProperties") is False for node in found.values())
+    assert schema_at("global") == {"type": "object"}
+
+
+@pytest.mark.parametrize("path", sorted(PASSED_THROUGH))
+def test_passed_through_objects_take_exactly_the_kubernetes_fields(path: str) -> None:
+    definitions = kubernetes_validate.utils.schema_contents(
+        f"kubernetes-json-schema/v{KUBE_VERSIONS[-1]}-local-strict/_definitions.json",
+        KUBE_VERSIONS[-1],
+    )["$defs"]
+    kubernetes_fields = set(definitions[PASSED_THROUGH[path]]["properties"])
+    assert set(schema_at(path)["properties"]) == kubernetes_fields
