@@ -96,11 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
 
     log.info("Starting rbln-device-plugin", version=__version__, config=cfg.describe())
-    if config.legacy_names_requested(os.environ):
+    legacy_names = config.legacy_names_requested(os.environ)
+    if legacy_names is not None:
         log.warning(
             f"{config.IGNORED_ENV}=false has no effect: resource names are fixed",
             variable=config.IGNORED_ENV,
-            value=os.environ[config.IGNORED_ENV],
+            value=legacy_names,
             resourceNames=[inventory.RESOURCE_NPU, *inventory.VF_RESOURCES.values()],
             hint="per-product names such as rebellions.ai/ATOM are not advertised; "
             "workloads must request the names above",

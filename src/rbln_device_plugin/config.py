@@ -22,9 +22,10 @@ IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
 _GO_FALSE: Final = frozenset({"0", "f", "F", "false", "FALSE", "False"})
 
 
-def legacy_names_requested(environ: Mapping[str, str]) -> bool:
-    """True when IGNORED_ENV asks for the old per-product resource names, which are gone."""
-    return environ.get(IGNORED_ENV, "").strip() in _GO_FALSE
+def legacy_names_requested(environ: Mapping[str, str]) -> str | None:
+    """IGNORED_ENV's value when it asks for the old per-product resource names (gone)."""
+    raw = environ.get(IGNORED_ENV)
+    return raw if raw is not None and raw.strip() in _GO_FALSE else None
 
 
 class ConfigError(ValueError):
