@@ -16,11 +16,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench deployments
+	$(BIN)/ruff format --check src tests bench deployments
 
 typecheck: $(STAMP)
-	$(BIN)/mypy src
+	$(BIN)/mypy src deployments/container/checks.py
 
 pytest: $(STAMP) tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)

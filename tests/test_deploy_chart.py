@@ -1,79 +1,185 @@
 """The Helm chart, checked with the real tools: helm lint/template and kubernetes-validate.
 
 helm comes from `make tools` (deployments/fetch-tools.sh); the fixture fetches it when it is
-missing and skips only when that is impossible.
+missing and skips only when that is impossible. What the chart renders is also fed to the
+daemon's own configuration code, so a value the schema lets through cannot crash-loop the pod.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rbln_device_plugin import config
+from rbln_device_plugin import _build_version, config, logs, tracing
+
+from .daemon_process import DaemonProcess
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deployments" / "helm" / "k8s-device-plugin-chart"
-KUBE_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
-# kubernetes-validate ships schemas up to 1.37; 1.35 matches the fetched helm/kubectl.
-KUBE_VERSION = "1.35.0"
+if not (CHART / "Chart.yaml").is_file():  # e.g. a source tree without deployments/
+    pytest.skip("the Helm chart is not in this source tree", allow_module_level=True)
+
+# Every Kubernetes minor the chart supports (Chart.yaml: kubeVersion >= 1.27).
+KUBE_VERSIONS = tuple(f"1.{minor}.0" for minor in range(27, 36))
 RELEASE = "k8s-device-plugin"
 NAMESPACE = "k8s-device-plugin"
+# The Go plugin's chart names its objects after the chart, whatever the release is called.
+CHART_NAME = "k8s-device-plugin-chart"
 
-# The value variants operators use, each rendered once and validated.
+# The Go plugin's chart's values tree (every key an operator's values file can hold), each
+# set away from its default, so a setting that is dropped shows up as a failed assertion.
+GO_CHART_VALUES: dict[str, Any] = {
+    "nameOverride": "rbln-npu",
+    "fullnameOverride": "rbln-npu-plugin",
+    "namespaceOverride": "npu-system",
+    "selectorLabelsOverride": {"example.com/fleet": "npu"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "image": {
+        "repository": "registry.example.com/npu/k8s-device-plugin",
+        "pullPolicy": "Always",
+        "tag": "1.10",
+    },
+    "serviceAccount": {
+        "create": True,
+        "annotations": {"example.com/owner": "ml-platform"},
+        "name": "npu-plugin-sa",
+    },
+    "logging": {"level": "debug", "format": "text"},
+    "devicePlugin": {
+        "priorityClassName": "npu-critical",
+        "updateStrategy": {"type": "OnDelete"},
+        "podAnnotations": {"example.com/scrape": "false"},
+        "podSecurityContext": {"runAsUser": 0},
+        "nodeSelector": {"example.com/npu": "present"},
+        "tolerations": [{"key": "example.com/npu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "kubeletDevicePluginPath": "/var/lib/k0s/kubelet/device-plugins",
+        "cdiRoot": "/etc/cdi",
+        "useGenericResourceName": False,
+        "otlpEndpoint": "otel-collector.observability:4317",
+        "containers": {
+            "plugin": {
+                "securityContext": {"privileged": True, "runAsUser": 0},
+                "resources": {
+                    "requests": {"cpu": "20m", "memory": "96Mi"},
+                    "limits": {"memory": "300Mi"},
+                },
+                "healthcheckPort": 60000,
+            }
+        },
+    },
+}
+# The Go chart's keys, as its values file lays them out. Maps and lists count as one setting.
+GO_CHART_KEYS = {
+    "nameOverride", "fullnameOverride", "namespaceOverride", "selectorLabelsOverride",
+    "imagePullSecrets", "image.repository", "image.pullPolicy", "image.tag",
+    "serviceAccount.create", "serviceAccount.annotations", "serviceAccount.name",
+    "logging.level", "logging.format",
+    "devicePlugin.priorityClassName", "devicePlugin.updateStrategy", "devicePlugin.podAnnotations",
+    "devicePlugin.podSecurityContext", "devicePlugin.nodeSelector", "devicePlugin.tolerations",
+    "devicePlugin.affinity", "devicePlugin.kubeletDevicePluginPath", "devicePlugin.cdiRoot",
+    "devicePlugin.useGenericResourceName", "devicePlugin.otlpEndpoint",
+    "devicePlugin.containers.plugin.securityContext", "devicePlugin.containers.plugin.resources",
+    "devicePlugin.containers.plugin.healthcheckPort",
+}  # fmt: skip
+# Settings that are whole maps or lists in the Go chart (compared as one value).
+GO_CHART_OPAQUE = {
+    "selectorLabelsOverride", "imagePullSecrets", "serviceAccount.annotations",
+    "devicePlugin.updateStrategy", "devicePlugin.podAnnotations", "devicePlugin.podSecurityContext",
+    "devicePlugin.nodeSelector", "devicePlugin.tolerations", "devicePlugin.affinity",
+    "devicePlugin.containers.plugin.securityContext", "devicePlugin.containers.plugin.resources",
+}  # fmt: skip
+
+# The Go chart's own defaults, as a values file copied from it would carry them.
+GO_CHART_DEFAULTS: dict[str, Any] = {
+    "nameOverride": "", "fullnameOverride": "", "namespaceOverride": "",
+    "selectorLabelsOverride": {}, "imagePullSecrets": [],
+    "image": {"repository": "registry.example.com/k8s-device-plugin", "pullPolicy": "IfNotPresent",
+              "tag": ""},
+    "serviceAccount": {"create": True, "annotations": {}, "name": ""},
+    "logging": {"level": "info", "format": "json"},
+    "devicePlugin": {
+        "priorityClassName": "system-node-critical", "updateStrategy": {"type": "RollingUpdate"},
+        "podAnnotations": {}, "podSecurityContext": {},
+        "nodeSelector": {"rebellions.ai/npu.present": "true"}, "tolerations": [], "affinity": {},
+        "kubeletDevicePluginPath": "/var/lib/kubelet/device-plugins", "cdiRoot": "/var/run/cdi",
+        "useGenericResourceName": True, "otlpEndpoint": "",
+        "containers": {"plugin": {"securityContext": {"privileged": True}, "resources": {},
+                                  "healthcheckPort": 51515}},
+    },
+}  # fmt: skip
+
+PLUGIN = "devicePlugin.containers.plugin"
+# Value sets rendered once each, checked against every Kubernetes version and the daemon.
 VARIANTS: Mapping[str, tuple[str, ...]] = {
     "default": (),
     "otlp": ("--set", "devicePlugin.otlpEndpoint=otel-collector.observability:4317"),
     "logging": ("--set", "logging.level=debug", "--set", "logging.format=text"),
-    "healthcheck-disabled": ("--set", "healthcheckPort=-1"),
+    "healthcheck-disabled": ("--set", f"{PLUGIN}.healthcheckPort=-1"),
     "custom": (
-        "--set", "kubeletDevicePluginPath=/var/lib/k0s/kubelet/device-plugins",
-        "--set", "cdiRoot=/etc/cdi",
-        "--set", "healthcheckPort=60000",
-        "--set", "deviceScanInterval=1m30s",
+        "--set", "devicePlugin.kubeletDevicePluginPath=/var/lib/k0s/kubelet/device-plugins",
+        "--set", "devicePlugin.cdiRoot=/etc/cdi",
+        "--set", f"{PLUGIN}.healthcheckPort=60000",
+        "--set", "devicePlugin.deviceScanInterval=1m30s",
         "--set", "image.repository=registry.example.com/npu/k8s-device-plugin",
         "--set-string", "image.tag=1.10",
         "--set", "image.pullPolicy=Always",
         "--set", "imagePullSecrets[0].name=regcred",
-        "--set", "podAnnotations.team=ml",
-        "--set", "resources.limits.memory=256Mi",
-        "--set", "resources.requests.cpu=50m",
+        "--set", "devicePlugin.podAnnotations.team=ml",
+        "--set", f"{PLUGIN}.resources.limits.memory=512Mi",
+        "--set", f"{PLUGIN}.resources.requests.cpu=50m",
         "--set", "serviceAccount.create=false",
         "--set", "serviceAccount.name=npu-sa",
-        "--set", "fullnameOverride=npu-plugin",
         "--set", "devicePlugin.priorityClassName=",
         "--set", "devicePlugin.updateStrategy.type=OnDelete",
-        "--set", "devicePlugin.updateStrategy.rollingUpdate=null",
-        "--set", "extraEnv[0].name=RBLN_SMI_PATH",
-        "--set", "extraEnv[0].value=/host/usr/bin/rbln-smi",
-        "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-        ".nodeSelectorTerms[0].matchExpressions[0].key=kubernetes.io/arch",
-        "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-        ".nodeSelectorTerms[0].matchExpressions[0].operator=In",
-        "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-        ".nodeSelectorTerms[0].matchExpressions[0].values[0]=amd64",
+        "--set", f"{PLUGIN}.extraEnv[0].name=RBLN_SMI_PATH",
+        "--set", f"{PLUGIN}.extraEnv[0].value=/host/usr/bin/rbln-smi",
     ),
 }  # fmt: skip
+VALUES_FILES: Mapping[str, dict[str, Any]] = {
+    "go-values": GO_CHART_VALUES,
+    "go-defaults": GO_CHART_DEFAULTS,
+}
+ALL_VARIANTS = (*VARIANTS, *VALUES_FILES)
 
 # Variables the CLI reads that the chart leaves at their defaults on purpose: the mounts put
-# sysfs, /dev and rbln-smi where the defaults look, and USE_GENERIC_RESOURCE_NAME is only
-# accepted for operator compatibility. extraEnv can still set any of them.
+# sysfs, /dev and rbln-smi where the defaults look. extraEnv can still set them.
 LEFT_AT_DEFAULT = {"SYSFS_ROOT", "DEV_ROOT", "RBLN_SMI_PATH", "RSD_LOCK_PATH"}
-IGNORED_BY_CLI = {"USE_GENERIC_RESOURCE_NAME"}
 
 
 class Helm:
     def __init__(self, binary: Path, home: Path) -> None:
         self.binary = binary
+        self.home = home
         # helm writes its config/cache under HOME; keep it out of the user's.
         self.env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
+        self._files = 0
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -85,8 +191,22 @@ class Helm:
             check=False,
         )
 
-    def template(self, *args: str) -> str:
-        done = self.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    def values_file(self, values: Mapping[str, Any]) -> str:
+        self._files += 1
+        path = self.home / f"values-{self._files}.yaml"
+        path.write_text(yaml.safe_dump(dict(values)))
+        return str(path)
+
+    def attempt(
+        self, *args: str, values: Mapping[str, Any] | None = None, release: str = RELEASE
+    ) -> subprocess.CompletedProcess[str]:
+        extra = ("-f", self.values_file(values)) if values is not None else ()
+        return self.run("template", release, str(CHART), "--namespace", NAMESPACE, *extra, *args)
+
+    def template(
+        self, *args: str, values: Mapping[str, Any] | None = None, release: str = RELEASE
+    ) -> str:
+        done = self.attempt(*args, values=values, release=release)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -118,7 +238,9 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
 
 @pytest.fixture(scope="module")
 def rendered(helm: Helm) -> dict[str, str]:
-    return {name: helm.template(*args) for name, args in VARIANTS.items()}
+    out = {name: helm.template(*args) for name, args in VARIANTS.items()}
+    out.update({name: helm.template(values=values) for name, values in VALUES_FILES.items()})
+    return out
 
 
 def objects(manifest: str) -> list[dict[str, Any]]:
@@ -143,6 +265,12 @@ def env_of(container: Mapping[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+def literal_env(manifest: str) -> dict[str, str]:
+    """The plugin's environment as the daemon will see it (downward-API entries left out)."""
+    env = env_of(plugin_container(daemonset(manifest)))
+    return {name: value for name, value in env.items() if isinstance(value, str)}
+
+
 def host_mounts(ds: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
     """mountPath in the container -> (host path, read-only)."""
     pod = ds["spec"]["template"]["spec"]
@@ -153,14 +281,35 @@ def host_mounts(ds: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
     }
 
 
-def kubernetes_validate(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(KUBE_VALIDATE), "--strict", "-k", KUBE_VERSION, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def daemon_objection(env: Mapping[str, str]) -> str | None:
+    """Why the daemon would refuse (or ignore) this environment at start, or None.
+
+    Uses the daemon's own code: config.resolve (exit 2 on a bad setting), the logger's
+    fallback to defaults, and the OTLP endpoint parser (tracing silently off).
+    """
+    try:
+        config.resolve({}, env)
+    except config.ConfigError as exc:
+        return str(exc)
+    fallbacks = logs.resolve_settings(env).fallbacks
+    if fallbacks:
+        return f"logging falls back to defaults: {fallbacks}"
+    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    if endpoint:
+        try:
+            tracing.parse_endpoint(endpoint)
+        except tracing.EndpointError as exc:
+            return f"tracing disabled: {exc}"
+    return None
+
+
+def leaf_keys(values: Mapping[str, Any], opaque: set[str], prefix: str = "") -> Iterator[str]:
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and path not in opaque:
+            yield from leaf_keys(value, opaque, f"{path}.")
+        else:
+            yield path
 
 
 def test_chart_passes_helm_lint_strict(helm: Helm) -> None:
@@ -169,29 +318,40 @@ def test_chart_passes_helm_lint_strict(helm: Helm) -> None:
     assert "0 chart(s) failed" in done.stdout
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_rendered_variant_is_valid_kubernetes(
-    variant: str, rendered: dict[str, str], tmp_path: Path
-) -> None:
-    path = tmp_path / f"{variant}.yaml"
-    path.write_text(rendered[variant])
-    done = kubernetes_validate(path)
+def test_chart_passes_helm_lint_strict_with_a_go_chart_values_file(helm: Helm) -> None:
+    done = helm.run("lint", "--strict", str(CHART), "-f", helm.values_file(GO_CHART_VALUES))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "daemonset/" in done.stdout
 
 
-def test_strict_validation_rejects_an_unknown_field(
-    rendered: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_variant_is_strictly_valid_kubernetes(
+    helm: Helm, rendered: dict[str, str], kube_version: str
 ) -> None:
+    # helm itself accepts the version (Chart.yaml kubeVersion) ...
+    assert helm.template("--kube-version", kube_version) == rendered["default"]
+    # ... and every object of every variant matches that version's strict schemas.
+    for variant in ALL_VARIANTS:
+        docs = objects(rendered[variant])
+        assert {o["kind"] for o in docs} >= {"DaemonSet"}
+        for doc in docs:
+            try:
+                kubernetes_validate.validate(doc, kube_version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{variant} {doc['kind']} on {kube_version}: {exc.message}")
+
+
+def test_chart_refuses_kubernetes_older_than_1_27(helm: Helm) -> None:
+    done = helm.attempt("--kube-version", "1.26.0")
+    assert done.returncode != 0
+    assert "kubeVersion" in done.stderr
+
+
+def test_strict_validation_rejects_an_unknown_field(rendered: dict[str, str]) -> None:
     # Guards against a validator that silently accepts anything (e.g. a missing schema set).
     ds = daemonset(rendered["default"])
-    plugin_container(ds)  # shape check
     ds["spec"]["template"]["spec"]["containers"][0]["livenessProb"] = {}
-    path = tmp_path / "broken.yaml"
-    path.write_text(yaml.safe_dump(ds))
-    done = kubernetes_validate(path)
-    assert done.returncode != 0
-    assert "livenessProb" in done.stdout + done.stderr
+    with pytest.raises(kubernetes_validate.ValidationError, match="livenessProb"):
+        kubernetes_validate.validate(ds, KUBE_VERSIONS[0], strict=True)
 
 
 def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, str]) -> None:
@@ -199,14 +359,18 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
     pod = ds["spec"]["template"]["spec"]
     container = plugin_container(ds)
 
-    assert ds["metadata"]["name"] == RELEASE
+    assert ds["metadata"]["name"] == CHART_NAME
     assert ds["metadata"]["namespace"] == NAMESPACE
+    assert ds["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": CHART_NAME,
+        "app.kubernetes.io/instance": RELEASE,
+    }
     assert (
         ds["spec"]["selector"]["matchLabels"].items()
         <= ds["spec"]["template"]["metadata"]["labels"].items()
     )
     assert container["command"] == ["rbln-device-plugin"]
-    assert container["image"] == "k8s-device-plugin:0.1.0"
+    assert container["image"] == f"k8s-device-plugin:{_build_version.DEFAULT}"
     assert container["securityContext"] == {"privileged": True}
     assert container["livenessProbe"] == {
         "grpc": {"port": 51515, "service": "liveness"},
@@ -220,6 +384,7 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
         "DEVICE_SCAN_INTERVAL": "5s",
         "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info",
         "RBLN_DEVICE_PLUGIN_LOG_FORMAT": "json",
+        "USE_GENERIC_RESOURCE_NAME": "true",
         "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
     }
     assert host_mounts(ds) == {
@@ -232,9 +397,10 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["nodeSelector"] == {"rebellions.ai/npu.present": "true"}
     assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in pod["tolerations"]
-    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
     assert "imagePullSecrets" not in pod
-    assert "resources" not in container
+    assert "securityContext" not in pod
+    assert container["resources"] == {"requests": {"memory": "80Mi"}, "limits": {"memory": "256Mi"}}
 
 
 def test_default_release_creates_the_service_account_the_pods_use(
@@ -243,33 +409,135 @@ def test_default_release_creates_the_service_account_the_pods_use(
     docs = objects(rendered["default"])
     (account,) = [o for o in docs if o["kind"] == "ServiceAccount"]
     pod = daemonset(rendered["default"])["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account["metadata"]["name"] == CHART_NAME
+    assert pod["serviceAccountName"] == CHART_NAME
     assert account["metadata"]["namespace"] == NAMESPACE
     # The plugin never calls the API server.
     assert pod["automountServiceAccountToken"] is False
 
 
-def test_otlp_endpoint_is_passed_only_when_set(rendered: dict[str, str]) -> None:
-    default_env = env_of(plugin_container(daemonset(rendered["default"])))
-    otlp_env = env_of(plugin_container(daemonset(rendered["otlp"])))
-    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in default_env
-    assert otlp_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "otel-collector.observability:4317"
+@pytest.mark.parametrize("release", [RELEASE, "npu", "prod-k8s-device-plugin-chart"])
+def test_objects_are_named_after_the_chart_whatever_the_release(helm: Helm, release: str) -> None:
+    # So `helm upgrade` from the Go plugin's chart updates its DaemonSet in place: the name
+    # and the (immutable) selector are the ones that chart created.
+    docs = objects(helm.template(release=release))
+    assert {(o["kind"], o["metadata"]["name"]) for o in docs} == {
+        ("DaemonSet", CHART_NAME),
+        ("ServiceAccount", CHART_NAME),
+    }
+    ds = daemonset(helm.template(release=release))
+    assert ds["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": CHART_NAME,
+        "app.kubernetes.io/instance": release,
+    }
 
 
-def test_logging_values_become_the_logging_variables(rendered: dict[str, str]) -> None:
-    env = env_of(plugin_container(daemonset(rendered["logging"])))
-    assert env["RBLN_DEVICE_PLUGIN_LOG_LEVEL"] == "debug"
-    assert env["RBLN_DEVICE_PLUGIN_LOG_FORMAT"] == "text"
+@pytest.mark.parametrize(
+    ("overrides", "object_name", "name_label"),
+    [
+        ({"nameOverride": "npu-plugin"}, "npu-plugin", "npu-plugin"),
+        ({"fullnameOverride": "npu-ds"}, "npu-ds", CHART_NAME),
+        ({"nameOverride": "npu", "fullnameOverride": "npu-ds"}, "npu-ds", "npu"),
+    ],
+)
+def test_name_overrides(
+    helm: Helm, overrides: dict[str, str], object_name: str, name_label: str
+) -> None:
+    docs = objects(helm.template(values=overrides))
+    assert {o["metadata"]["name"] for o in docs} == {object_name}
+    ds = daemonset(helm.template(values=overrides))
+    assert ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == name_label
 
 
-def test_negative_healthcheck_port_disables_probe_and_port(rendered: dict[str, str]) -> None:
-    container = plugin_container(daemonset(rendered["healthcheck-disabled"]))
-    assert env_of(container)["HEALTHCHECK_PORT"] == "-1"
-    assert "livenessProbe" not in container
-    assert "ports" not in container
+def test_namespace_override_moves_every_object(helm: Helm) -> None:
+    docs = objects(helm.template("--set", "namespaceOverride=npu-system"))
+    assert {o["metadata"]["namespace"] for o in docs} == {"npu-system"}
 
 
-def test_overrides_reach_the_daemonset(rendered: dict[str, str]) -> None:
+def test_selector_labels_override_reaches_selector_and_pods(helm: Helm) -> None:
+    ds = daemonset(helm.template(values={"selectorLabelsOverride": {"example.com/fleet": "a"}}))
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector["example.com/fleet"] == "a"
+    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_go_chart_values_file_covers_every_key_of_that_chart() -> None:
+    # The fixture below must stay a complete Go-chart values file for the next test to mean
+    # "every setting".
+    assert set(leaf_keys(GO_CHART_VALUES, GO_CHART_OPAQUE)) == GO_CHART_KEYS
+    assert set(leaf_keys(GO_CHART_DEFAULTS, GO_CHART_OPAQUE)) == GO_CHART_KEYS
+
+
+def test_go_chart_values_file_reaches_the_daemonset(rendered: dict[str, str]) -> None:
+    go = GO_CHART_VALUES
+    plugin = go["devicePlugin"]
+    container_values = plugin["containers"]["plugin"]
+    docs = objects(rendered["go-values"])
+    ds = daemonset(rendered["go-values"])
+    (account,) = [o for o in docs if o["kind"] == "ServiceAccount"]
+    pod_template = ds["spec"]["template"]
+    pod = pod_template["spec"]
+    container = plugin_container(ds)
+    env = env_of(container)
+
+    # Names, namespace and labels.
+    assert ds["metadata"]["name"] == go["fullnameOverride"]
+    assert {o["metadata"]["namespace"] for o in docs} == {go["namespaceOverride"]}
+    assert ds["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": go["nameOverride"],
+        "app.kubernetes.io/instance": RELEASE,
+        **go["selectorLabelsOverride"],
+    }
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_template["metadata"]["labels"].items()
+    # Image and service account.
+    assert pod["imagePullSecrets"] == go["imagePullSecrets"]
+    assert container["image"] == f"{go['image']['repository']}:{go['image']['tag']}"
+    assert container["imagePullPolicy"] == go["image"]["pullPolicy"]
+    assert account["metadata"]["name"] == go["serviceAccount"]["name"]
+    assert account["metadata"]["annotations"] == go["serviceAccount"]["annotations"]
+    assert pod["serviceAccountName"] == go["serviceAccount"]["name"]
+    # Logging.
+    assert env["RBLN_DEVICE_PLUGIN_LOG_LEVEL"] == go["logging"]["level"]
+    assert env["RBLN_DEVICE_PLUGIN_LOG_FORMAT"] == go["logging"]["format"]
+    # Pod-level devicePlugin settings.
+    assert pod["priorityClassName"] == plugin["priorityClassName"]
+    assert ds["spec"]["updateStrategy"] == plugin["updateStrategy"]
+    assert pod_template["metadata"]["annotations"] == plugin["podAnnotations"]
+    assert pod["securityContext"] == plugin["podSecurityContext"]
+    # Maps merge with the defaults, as in the Go chart (whose default selector is the same).
+    assert pod["nodeSelector"] == {"rebellions.ai/npu.present": "true", **plugin["nodeSelector"]}
+    assert pod["tolerations"] == plugin["tolerations"]
+    assert pod["affinity"] == plugin["affinity"]
+    # Daemon settings: the variable, the mount and the host path agree on each directory.
+    kubelet_dir, cdi_root = plugin["kubeletDevicePluginPath"], plugin["cdiRoot"]
+    assert env["KUBELET_DEVICE_PLUGIN_PATH"] == kubelet_dir
+    assert env["CDI_ROOT"] == cdi_root
+    assert host_mounts(ds)[kubelet_dir] == (kubelet_dir, False)
+    assert host_mounts(ds)[cdi_root] == (cdi_root, False)
+    assert env["USE_GENERIC_RESOURCE_NAME"] == "false"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == plugin["otlpEndpoint"]
+    # Container settings.
+    assert container["securityContext"] == container_values["securityContext"]
+    assert container["resources"] == container_values["resources"]
+    port = container_values["healthcheckPort"]
+    assert env["HEALTHCHECK_PORT"] == str(port)
+    assert container["livenessProbe"]["grpc"]["port"] == port
+    assert container["ports"] == [{"name": "health", "containerPort": port, "protocol": "TCP"}]
+
+
+def test_go_chart_defaults_file_renders_the_go_charts_choices(rendered: dict[str, str]) -> None:
+    ds = daemonset(rendered["go-defaults"])
+    pod = ds["spec"]["template"]["spec"]
+    container = plugin_container(ds)
+    assert ds["metadata"]["name"] == CHART_NAME
+    # A list replaces the chart's default; an empty map keeps it (helm merges maps).
+    assert "tolerations" not in pod
+    assert container["resources"]["requests"]["memory"] == "80Mi"
+    assert env_of(container)["USE_GENERIC_RESOURCE_NAME"] == "true"
+
+
+def test_custom_values_reach_the_daemonset(rendered: dict[str, str]) -> None:
     docs = objects(rendered["custom"])
     assert not [o for o in docs if o["kind"] == "ServiceAccount"]
     ds = daemonset(rendered["custom"])
@@ -277,63 +545,262 @@ def test_overrides_reach_the_daemonset(rendered: dict[str, str]) -> None:
     container = plugin_container(ds)
     env = env_of(container)
 
-    assert ds["metadata"]["name"] == "npu-plugin"
     assert container["image"] == "registry.example.com/npu/k8s-device-plugin:1.10"
-    assert container["imagePullPolicy"] == "Always"
-    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["serviceAccountName"] == "npu-sa"
     assert "priorityClassName" not in pod
     assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
-    assert ds["spec"]["template"]["metadata"]["annotations"] == {"team": "ml"}
-    assert container["resources"] == {"limits": {"memory": "256Mi"}, "requests": {"cpu": "50m"}}
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["amd64"]
-    # The daemon, the mount and the host path must agree on each directory.
-    assert env["KUBELET_DEVICE_PLUGIN_PATH"] == "/var/lib/k0s/kubelet/device-plugins"
-    assert env["CDI_ROOT"] == "/etc/cdi"
-    mounts = host_mounts(ds)
-    assert mounts["/var/lib/k0s/kubelet/device-plugins"][0] == "/var/lib/k0s/kubelet/device-plugins"
-    assert mounts["/etc/cdi"][0] == "/etc/cdi"
+    assert container["resources"] == {
+        "limits": {"memory": "512Mi"},
+        "requests": {"cpu": "50m", "memory": "80Mi"},
+    }
     assert env["DEVICE_SCAN_INTERVAL"] == "1m30s"
     assert env["RBLN_SMI_PATH"] == "/host/usr/bin/rbln-smi"
-    assert env["HEALTHCHECK_PORT"] == "60000"
-    assert container["livenessProbe"]["grpc"]["port"] == 60000
-    assert container["ports"][0]["containerPort"] == 60000
+
+
+def test_otlp_endpoint_is_passed_only_when_set(rendered: dict[str, str]) -> None:
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in literal_env(rendered["default"])
+    otlp_env = literal_env(rendered["otlp"])
+    assert otlp_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "otel-collector.observability:4317"
+
+
+@pytest.mark.parametrize("port", [-1, 0])
+def test_health_port_below_one_drops_probe_and_port(helm: Helm, port: int) -> None:
+    container = plugin_container(
+        daemonset(helm.template("--set", f"{PLUGIN}.healthcheckPort={port}"))
+    )
+    assert env_of(container)["HEALTHCHECK_PORT"] == str(port)
+    assert "livenessProbe" not in container
+    assert "ports" not in container
 
 
 @pytest.mark.parametrize(
-    ("setting", "named_key"),
+    ("setting", "refused_key"),
     [
-        ("logging.level=verbose", "/logging/level"),
-        ("logging.format=xml", "/logging/format"),
-        ("healthcheckPort=0", "/healthcheckPort"),
-        ("healthcheckPort=70000", "/healthcheckPort"),
-        ("deviceScanInterval=5", "/deviceScanInterval"),
-        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
-        ("cdiRoot=relative/cdi", "/cdiRoot"),
+        ("devicePlugn.cdiRoot=/etc/cdi", "devicePlugn"),
+        # The flat layout of earlier versions of this chart: gone, and refused, not ignored.
+        ("cdiRoot=/etc/cdi", "cdiRoot"),
+        ("kubeletDevicePluginPath=/var/lib/k0s/kubelet/device-plugins", "kubeletDevicePluginPath"),
+        ("healthcheckPort=60000", "healthcheckPort"),
+        ("resources.limits.memory=1Gi", "resources"),
+        ("tolerations[0].operator=Exists", "tolerations"),
+        ("devicePlugin.healthcheckPort=60000", "healthcheckPort"),
+        ("devicePlugin.containers.plugin.resource.limits.memory=1Gi", "resource"),
+        ("devicePlugin.containers.plugins.healthcheckPort=1", "plugins"),
+        ("devicePlugin.containers.plugin.securityContext.privilegd=true", "privilegd"),
+        ("devicePlugin.tolerations[0].efect=NoSchedule", "efect"),
+        ("devicePlugin.updateStrategy.rollingUpdate.maxUnavaliable=2", "maxUnavaliable"),
+        ("image.digest=sha256:0", "digest"),
+        ("logging.colour=true", "colour"),
     ],
 )
-def test_bad_values_are_rejected_with_the_key_named(
-    helm: Helm, setting: str, named_key: str
+def test_unknown_keys_are_refused(helm: Helm, setting: str, refused_key: str) -> None:
+    done = helm.attempt("--set", setting)
+    assert refused_by_chart(done), done.stderr
+    assert f"additional properties '{refused_key}' not allowed" in done.stderr
+
+
+def test_global_values_are_allowed(helm: Helm) -> None:
+    assert daemonset(helm.template("--set", "global.imageRegistry=registry.example.com"))
+
+
+# (value key, value, environment variable the daemon reads it from). Each value is one the
+# daemon refuses at start (or silently replaces); helm must refuse it at install.
+SCAN = "devicePlugin.deviceScanInterval"
+REFUSED: list[tuple[str, Any, str]] = [
+    *((SCAN, v, "DEVICE_SCAN_INTERVAL") for v in (
+        "0s", "0", "0.0ms", "-5s", "5", "", "5S", "1d", "abc", "25h", "24h0m0.001s",
+        "86400001ms", "1441m", "24.5h", "100000s")),
+    *((f"{PLUGIN}.healthcheckPort", v, "HEALTHCHECK_PORT") for v in (65536, 70000)),
+    ("devicePlugin.kubeletDevicePluginPath", "", "KUBELET_DEVICE_PLUGIN_PATH"),
+    ("devicePlugin.kubeletDevicePluginPath", None, "KUBELET_DEVICE_PLUGIN_PATH"),
+    # 62 characters: the longest socket path inside it would exceed 107 bytes.
+    ("devicePlugin.kubeletDevicePluginPath", "/" + "k" * 61, "KUBELET_DEVICE_PLUGIN_PATH"),
+    ("devicePlugin.cdiRoot", "", "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", None, "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", " ", "CDI_ROOT"),
+    ("logging.level", "verbose", "RBLN_DEVICE_PLUGIN_LOG_LEVEL"),
+    ("logging.level", "trace", "RBLN_DEVICE_PLUGIN_LOG_LEVEL"),
+    ("logging.format", "xml", "RBLN_DEVICE_PLUGIN_LOG_FORMAT"),
+    *(("devicePlugin.otlpEndpoint", v, "OTEL_EXPORTER_OTLP_ENDPOINT") for v in (
+        "otel-collector", "otel-collector:0", "otel-collector:65536", "otel-collector:otlp",
+        "ftp://otel-collector:4317", "https://", "https://otel-collector:99999",
+        "user@otel-collector:4317", "otel collector:4317", ":4317")),
+]  # fmt: skip
+
+
+def refused_by_chart(done: subprocess.CompletedProcess[str]) -> bool:
+    """helm failed on the chart's schema or one of its checks, not on its own arguments."""
+    return done.returncode != 0 and (
+        "values don't meet the specifications of the schema" in done.stderr
+        or "execution error at (k8s-device-plugin-chart/templates/" in done.stderr
+    )
+
+
+def _set_json(key: str, value: Any) -> tuple[str, str]:
+    return ("--set-json", f"{key}={json.dumps(value)}")
+
+
+@pytest.mark.parametrize(("key", "value", "variable"), REFUSED)
+def test_values_the_daemon_refuses_are_refused_at_install(
+    helm: Helm, rendered: dict[str, str], key: str, value: Any, variable: str
 ) -> None:
-    done = helm.run("template", RELEASE, str(CHART), "--set", setting)
-    assert done.returncode != 0
-    assert named_key in done.stderr
+    # What the pod would get if the chart let the value through: the value as text, and a
+    # missing (null) value as the empty string the template would render.
+    env = {**literal_env(rendered["default"]), variable: "" if value is None else str(value)}
+    assert daemon_objection(env) is not None, f"the daemon accepts {variable}={value!r}"
+    done = helm.attempt(*_set_json(key, value))
+    assert done.returncode != 0, f"helm accepted {key}={value!r}"
+    assert refused_by_chart(done), done.stderr
+    assert key.rsplit(".", 1)[-1] in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("SYSFS_ROOT", ""), ("SYSFS_ROOT", "  "), ("DEV_ROOT", ""), ("RSD_LOCK_PATH", "\t")],
+)
+def test_extra_env_paths_the_daemon_refuses_are_refused(
+    helm: Helm, rendered: dict[str, str], name: str, value: str
+) -> None:
+    env = {**literal_env(rendered["default"]), name: value}
+    assert daemon_objection(env) is not None
+    done = helm.attempt(*_set_json(f"{PLUGIN}.extraEnv", [{"name": name, "value": value}]))
+    assert refused_by_chart(done), done.stderr
+    assert "extraEnv" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["CDI_ROOT", "HEALTHCHECK_PORT", "USE_GENERIC_RESOURCE_NAME"])
+def test_extra_env_cannot_shadow_a_chart_value(helm: Helm, name: str) -> None:
+    done = helm.attempt(*_set_json(f"{PLUGIN}.extraEnv", [{"name": name, "value": "x"}]))
+    assert refused_by_chart(done), done.stderr
+    assert "extraEnv" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("devicePlugin.cdiRoot", "/dev"),
+        ("devicePlugin.cdiRoot", "/var/lib/kubelet/device-plugins/"),
+        ("devicePlugin.kubeletDevicePluginPath", "/run/rbln"),
+        ("devicePlugin.cdiRoot", "/host/usr/bin"),
+    ],
+)
+def test_directories_that_collide_with_another_mount_are_refused(
+    helm: Helm, key: str, value: str
+) -> None:
+    done = helm.attempt("--set", f"{key}={value}")
+    assert refused_by_chart(done), done.stderr
+    assert f"{key}: {value.rstrip('/')} is already used by" in done.stderr
+
+
+# (value key, value, variable): edge values helm must accept, rendered unchanged.
+ACCEPTED: list[tuple[str, Any, str]] = [
+    *((SCAN, v, "DEVICE_SCAN_INTERVAL") for v in (
+        "24h", "1440m", "86400s", "86400000ms", "23h59m59.999s", "23h59m60s", "1ns", ".5s",
+        "+5s", "1h30m", "1.5h", "500ms", "5µs", "5us", "0.001ms")),
+    *((f"{PLUGIN}.healthcheckPort", v, "HEALTHCHECK_PORT") for v in (65535, 1, 0, -1, -2)),
+    ("devicePlugin.kubeletDevicePluginPath", "/" + "k" * 60, "KUBELET_DEVICE_PLUGIN_PATH"),
+    ("devicePlugin.kubeletDevicePluginPath", "/var/snap/microk8s/common/var/lib/kubelet/"
+     "device-plugins", "KUBELET_DEVICE_PLUGIN_PATH"),
+    *(("logging.level", v, "RBLN_DEVICE_PLUGIN_LOG_LEVEL") for v in (
+        "error", "WARN", "warning", "Info", "debug")),
+    *(("logging.format", v, "RBLN_DEVICE_PLUGIN_LOG_FORMAT") for v in ("json", "TEXT")),
+    *(("devicePlugin.otlpEndpoint", v, "OTEL_EXPORTER_OTLP_ENDPOINT") for v in (
+        "otel-collector.observability:4317", "https://otel.example.com",
+        "https://otel.example.com:4317/", "http://10.0.0.1:4318", "grpc://otel:4317",
+        "grpcs://otel:443", "[::1]:4317", "localhost:65535")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "value", "variable"), ACCEPTED)
+def test_edge_values_the_chart_accepts_are_accepted_by_the_daemon(
+    helm: Helm, key: str, value: Any, variable: str
+) -> None:
+    env = literal_env(helm.template(*_set_json(key, value)))
+    assert env[variable] == str(value)
+    assert daemon_objection(env) is None
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_every_variant_starts_the_daemon_configuration(
+    rendered: dict[str, str], variant: str
+) -> None:
+    assert daemon_objection(literal_env(rendered[variant])) is None
+
+
+def test_empty_logging_values_become_the_daemon_defaults(helm: Helm) -> None:
+    env = literal_env(helm.template("--set", "logging.level=", "--set", "logging.format="))
+    assert env["RBLN_DEVICE_PLUGIN_LOG_LEVEL"] == "info"
+    assert env["RBLN_DEVICE_PLUGIN_LOG_FORMAT"] == "json"
+
+
+_TERM = st.tuples(
+    st.one_of(
+        st.integers(0, 100_000).map(str),
+        st.tuples(st.integers(0, 30_000), st.integers(0, 999)).map(lambda p: f"{p[0]}.{p[1]:03d}"),
+        st.integers(0, 999).map(lambda n: f".{n}"),
+    ),
+    st.sampled_from(["ns", "us", "µs", "ms", "s", "m", "h"]),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(sign=st.sampled_from(["", "+"]), terms=st.lists(_TERM, min_size=1, max_size=3))
+def test_scan_interval_helm_and_daemon_agree(
+    helm: Helm, sign: str, terms: list[tuple[str, str]]
+) -> None:
+    text = sign + "".join(number + unit for number, unit in terms)
+    seconds = config.parse_duration(text)
+    # The daemon adds in binary floating point, the templates in decimal: within a
+    # microsecond of 24h the two may round differently, so that sliver is not compared.
+    if abs(seconds - 86400) < 1e-6:
+        return
+    daemon_ok = daemon_objection({"DEVICE_SCAN_INTERVAL": text}) is None
+    helm_ok = helm.attempt("--set-string", f"{SCAN}={text}").returncode == 0
+    assert helm_ok == daemon_ok, f"{text!r} ({seconds} s): helm {helm_ok}, daemon {daemon_ok}"
 
 
 def test_chart_sets_exactly_the_variables_the_cli_reads(rendered: dict[str, str]) -> None:
     set_by_chart = set(env_of(plugin_container(daemonset(rendered["otlp"]))))
     assert set_by_chart <= config.ENVIRONMENT_VARIABLES, "chart sets variables the CLI ignores"
-    assert set_by_chart == config.ENVIRONMENT_VARIABLES - LEFT_AT_DEFAULT - IGNORED_BY_CLI
+    assert set_by_chart == config.ENVIRONMENT_VARIABLES - LEFT_AT_DEFAULT
 
 
-def _leaf_keys(values: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
-    for key, value in values.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            yield from _leaf_keys(value, f"{path}.")
-        else:
-            yield path
+def _daemon_args(tmp: Path) -> list[str]:
+    """Host paths moved into a scratch directory; everything else comes from the chart."""
+    return [
+        "--kubelet-device-plugin-path", str(tmp / "kubelet"),
+        "--cdi-root", str(tmp / "cdi"),
+        "--sysfs-root", str(tmp / "sys"),
+        "--dev-root", str(tmp / "dev"),
+        "--rbln-smi", str(tmp / "no-rbln-smi"),
+        "--rsd-lock-path", str(tmp / "rsd.lock"),
+        "--healthcheck-port", "0",
+    ]  # fmt: skip
+
+
+def test_go_values_with_legacy_names_make_the_daemon_warn_once(
+    rendered: dict[str, str], short_tmp: Path
+) -> None:
+    # The pod's environment as the chart renders it for a Go values file that still asks
+    # for the per-product names, run through the real CLI.
+    env = literal_env(rendered["go-values"])
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT")  # no collector here
+    env["RBLN_DEVICE_PLUGIN_LOG_FORMAT"] = "json"  # what DaemonProcess parses
+    daemon = DaemonProcess(_daemon_args(short_tmp), env=env, level="info")
+    try:
+        (start,) = daemon.wait_for("Starting rbln-device-plugin")
+        daemon.wait_for("Started healthcheck service")
+    finally:
+        assert daemon.stop() == 0
+    assert start["config"]["scanInterval"] == "5s"
+    warnings = [r for r in daemon.records if "USE_GENERIC_RESOURCE_NAME" in r["msg"]]
+    assert len(warnings) == 1
+    assert warnings[0]["level"] == "warn"
+
+
+def test_chart_app_version_is_the_package_default_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == _build_version.DEFAULT
 
 
 def test_chart_readme_documents_every_value() -> None:
@@ -345,23 +812,129 @@ def test_chart_readme_documents_every_value() -> None:
         parts = key.split(".")
         return any(f"`{'.'.join(parts[:n])}`" in readme for n in range(1, len(parts) + 1))
 
-    missing = [key for key in _leaf_keys(values) if not documented(key)]
+    missing = [key for key in leaf_keys(values, set()) if not documented(key)]
     assert not missing, f"values missing from the chart README: {missing}"
 
 
-def test_values_and_chart_metadata_pass_yamllint() -> None:
-    done = subprocess.run(
+def test_chart_readme_states_the_default_memory_figures() -> None:
+    plugin = yaml.safe_load((CHART / "values.yaml").read_text())["devicePlugin"]
+    resources = plugin["containers"]["plugin"]["resources"]
+    readme = (CHART / "README.md").read_text()
+    assert f"request {resources['requests']['memory']}" in readme
+    assert f"limit {resources['limits']['memory']}" in readme
+    assert "spec.devicePlugin.resources" in readme  # where operator users set the same
+
+
+def _yamllint(paths: Sequence[Path]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             str(Path(sys.executable).with_name("yamllint")),
             "--strict",
             "-d",
             "{extends: default, rules: {document-start: disable, line-length: {max: 100}}}",
-            str(CHART / "values.yaml"),
-            str(CHART / "Chart.yaml"),
+            *map(str, paths),
         ],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_values_and_chart_metadata_pass_yamllint() -> None:
+    done = _yamllint([CHART / "values.yaml", CHART / "Chart.yaml"])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def readme_commands(prefix: str) -> list[list[str]]:
+    """Shell commands in the README's sh blocks that start with ``prefix``, as argv lists."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^ *```sh\n(.*?)^ *```$", readme, flags=re.S | re.M)
+    lines = [line.strip() for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith(prefix)]
+
+
+PLACEHOLDERS = {
+    "<registry>": "registry.example.com",
+    "<tag>": "1.2.0",
+    "<release>": RELEASE,
+    "<namespace>": NAMESPACE,
+}
+
+
+def _fill(word: str, values_file: str) -> str:
+    for placeholder, value in PLACEHOLDERS.items():
+        word = word.replace(placeholder, value)
+    return word.replace("<your-values.yaml>", values_file)
+
+
+@pytest.mark.parametrize("kind", ["quick start", "migration"])
+def test_readme_helm_commands_render_with_this_chart(helm: Helm, kind: str) -> None:
+    prefix = "helm upgrade --install" if kind == "quick start" else "helm upgrade <release>"
+    (argv,) = readme_commands(prefix)
+    argv = [_fill(word, helm.values_file(GO_CHART_VALUES)) for word in argv]
+    # `helm upgrade [--install] RELEASE CHART ARGS...` rendered as `helm template`.
+    positional = [w for w in argv[2:] if not w.startswith("-")][:2]
+    assert positional[1] == "./deployments/helm/k8s-device-plugin-chart"
+    rest = argv[2:]
+    for word in positional:
+        rest.remove(word)
+    rest = [w for w in rest if w not in ("--install", "--create-namespace")]
+    done = helm.run("template", positional[0], str(REPO / positional[1]), *rest)
+    assert done.returncode == 0, done.stderr
+    ds = daemonset(done.stdout)
+    assert plugin_container(ds)["image"] == "registry.example.com/k8s-device-plugin:1.2.0"
+    if kind == "quick start":
+        # The README's rollout check looks in the namespace the install used.
+        (check,) = readme_commands("kubectl -n")
+        assert ds["metadata"]["namespace"] == check[2]
+
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+# Kubernetes objects passed through from the values: their keys must be Kubernetes' own.
+PASSED_THROUGH = {
+    "devicePlugin/podSecurityContext": "io.k8s.api.core.v1.PodSecurityContext",
+    "devicePlugin/containers/plugin/securityContext": "io.k8s.api.core.v1.SecurityContext",
+    "devicePlugin/containers/plugin/resources": "io.k8s.api.core.v1.ResourceRequirements",
+    "devicePlugin/containers/plugin/extraEnv/[]": "io.k8s.api.core.v1.EnvVar",
+    "devicePlugin/tolerations/[]": "io.k8s.api.core.v1.Toleration",
+    "devicePlugin/affinity": "io.k8s.api.core.v1.Affinity",
+    "devicePlugin/updateStrategy": "io.k8s.api.apps.v1.DaemonSetUpdateStrategy",
+    "devicePlugin/updateStrategy/rollingUpdate": "io.k8s.api.apps.v1.RollingUpdateDaemonSet",
+    "imagePullSecrets/[]": "io.k8s.api.core.v1.LocalObjectReference",
+}
+
+
+def schema_at(path: str) -> dict[str, Any]:
+    node: dict[str, Any] = SCHEMA
+    for part in path.split("/"):
+        node = node["items"] if part == "[]" else node["properties"][part]
+    return node
+
+
+def schema_objects(node: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Any]]:
+    if "properties" in node:
+        yield path or "/", node
+        for key, child in node["properties"].items():
+            yield from schema_objects(child, f"{path}/{key}")
+    if isinstance(node.get("items"), dict):
+        yield from schema_objects(node["items"], f"{path}/[]")
+
+
+def test_every_object_in_the_schema_is_closed() -> None:
+    found = dict(schema_objects(SCHEMA))
+    assert len(found) > 15
+    open_objects = [path for path, node in found.items() if node.get("additionalProperties")]
+    assert not open_objects
+    assert all(node.get("additionalProperties") is False for node in found.values())
+    assert schema_at("global") == {"type": "object"}
+
+
+@pytest.mark.parametrize("path", sorted(PASSED_THROUGH))
+def test_passed_through_objects_take_exactly_the_kubernetes_fields(path: str) -> None:
+    definitions = kubernetes_validate.utils.schema_contents(
+        f"kubernetes-json-schema/v{KUBE_VERSIONS[-1]}-local-strict/_definitions.json",
+        KUBE_VERSIONS[-1],
+    )["$defs"]
+    kubernetes_fields = set(definitions[PASSED_THROUGH[path]]["properties"])
+    assert set(schema_at(path)["properties"]) == kubernetes_fields

@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from rbln_device_plugin import __version__, config, grpc_core_log, logs
+from rbln_device_plugin import __version__, config, grpc_core_log, inventory, logs
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -147,6 +147,16 @@ def _main(args: Sequence[str]) -> int:
         return int(exc.code or 0)
 
     log.info("Starting rbln-device-plugin", version=__version__, config=cfg.describe())
+    legacy_names = config.legacy_names_requested(os.environ)
+    if legacy_names is not None:
+        log.warning(
+            f"{config.IGNORED_ENV}=false has no effect: resource names are fixed",
+            variable=config.IGNORED_ENV,
+            value=legacy_names,
+            resourceNames=[inventory.RESOURCE_NPU, *inventory.VF_RESOURCES.values()],
+            hint="per-product names such as rebellions.ai/ATOM are not advertised; "
+            "workloads must request the names above",
+        )
     # From here on gRPC's C-core lines on fd 2 become component=grpc records.
     relay = grpc_core_log.install()
     try:

@@ -18,6 +18,14 @@ LOG_LEVEL_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
 LOG_FORMAT_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_FORMAT"
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
+# strconv.ParseBool's false spellings: what the Go plugin would have read as "false".
+_GO_FALSE: Final = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+
+
+def legacy_names_requested(environ: Mapping[str, str]) -> str | None:
+    """IGNORED_ENV's value when it asks for the old per-product resource names (gone)."""
+    raw = environ.get(IGNORED_ENV)
+    return raw if raw is not None and raw.strip() in _GO_FALSE else None
 
 
 class ConfigError(ValueError):

@@ -6,21 +6,19 @@ Chart name, shortened to the 63 characters a label value allows.
 {{- end }}
 
 {{/*
-Fully qualified name for the release's objects. The release name is used alone when it
-contains the chart name or is a prefix of it, so `helm install k8s-device-plugin ...` names
-the DaemonSet "k8s-device-plugin" rather than "k8s-device-plugin-k8s-device-plugin-chart".
+Name of the DaemonSet and ServiceAccount. Like the Go plugin's chart it does not depend on the
+release name, so `helm upgrade` from that chart updates the same objects in place.
 */}}
 {{- define "rbln-device-plugin.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- $name := default .Chart.Name .Values.nameOverride }}
-{{- if or (contains $name .Release.Name) (hasPrefix .Release.Name $name) }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
-{{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- include "rbln-device-plugin.name" . }}
 {{- end }}
 {{- end }}
+
+{{- define "rbln-device-plugin.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
 {{- end }}
 
 {{- define "rbln-device-plugin.chart" -}}
@@ -28,17 +26,21 @@ the DaemonSet "k8s-device-plugin" rather than "k8s-device-plugin-k8s-device-plug
 {{- end }}
 
 {{/*
-Selector labels: must stay stable across upgrades, so no version in them.
+Selector labels: the same keys as the Go plugin's chart (a DaemonSet's selector cannot change
+on upgrade), plus selectorLabelsOverride. No version in them.
 */}}
 {{- define "rbln-device-plugin.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "rbln-device-plugin.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- with .Values.selectorLabelsOverride }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "rbln-device-plugin.labels" -}}
 helm.sh/chart: {{ include "rbln-device-plugin.chart" . }}
 {{ include "rbln-device-plugin.selectorLabels" . }}
-app.kubernetes.io/version: {{ (default .Chart.AppVersion .Values.image.tag) | trunc 63 | quote }}
+app.kubernetes.io/version: {{ (default .Chart.AppVersion .Values.image.tag) | toString | trunc 63 | quote }}
 app.kubernetes.io/component: device-plugin
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
@@ -53,4 +55,41 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- define "rbln-device-plugin.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- end }}
+
+{{/*
+A Go duration in seconds, e.g. "1m30s" -> 90. The schema has already checked the syntax.
+Sprig's float helpers compute in decimal, so "24h", "1440m" and "86400000ms" all give 86400.
+*/}}
+{{- define "rbln-device-plugin.durationSeconds" -}}
+{{- $factors := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "μs" 0.000001 "ms" 0.001 "s" 1 "m" 60 "h" 3600 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)" (toString .) -1 }}
+{{- $unit := regexFind "(ns|us|µs|μs|ms|s|m|h)$" . }}
+{{- $total = addf $total (mulf (trimSuffix $unit .) (get $factors $unit)) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
+{{/*
+Limits that involve arithmetic or more than one value, which JSON Schema cannot express. Each
+failure names the value to change.
+*/}}
+{{- define "rbln-device-plugin.validate" -}}
+{{- $plugin := .Values.devicePlugin }}
+{{- $seconds := include "rbln-device-plugin.durationSeconds" $plugin.deviceScanInterval | float64 }}
+{{- if gt $seconds 86400.0 }}
+{{- fail (printf "devicePlugin.deviceScanInterval: %s is longer than 24h, the most the plugin accepts" $plugin.deviceScanInterval) }}
+{{- end }}
+{{- if not (gt $seconds 0.0) }}
+{{- fail (printf "devicePlugin.deviceScanInterval: %s is not a positive duration" $plugin.deviceScanInterval) }}
+{{- end }}
+{{- $taken := dict "/dev" "the /dev mount" "/run/rbln" "the /run/rbln mount" "/host/usr/bin" "the host /usr/bin mount" }}
+{{- range $key := list "kubeletDevicePluginPath" "cdiRoot" }}
+{{- $path := clean (get $plugin $key) }}
+{{- if hasKey $taken $path }}
+{{- fail (printf "devicePlugin.%s: %s is already used by %s; pick another directory" $key $path (get $taken $path)) }}
+{{- end }}
+{{- $_ := set $taken $path (printf "devicePlugin.%s" $key) }}
+{{- end }}
 {{- end }}
