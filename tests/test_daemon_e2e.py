@@ -88,7 +88,9 @@ async def test_status_change_reaches_kubelet_and_steady_node_sends_nothing() -> 
 
         h.node.set_status("rbln3", 0)
         await h.kubelet.wait_for(NPU, lambda v: v.health("rbln3") == "Healthy", 3)
-        (recovered,) = h.daemon.find("Device state changed", device="rbln3", health="Healthy")
+        (recovered,) = await h.daemon.await_log(
+            "Device state changed", device="rbln3", health="Healthy"
+        )
         assert recovered["level"] == "info"
 
 

@@ -1,8 +1,7 @@
 """Kubernetes device plugin for Rebellions NPUs."""
 
-from importlib.metadata import PackageNotFoundError, version
-
 try:
-    __version__ = version("rbln-device-plugin")
-except PackageNotFoundError:  # running from a source tree that was never installed
+    # Written at build time (see pyproject.toml): no importlib.metadata at run time.
+    from rbln_device_plugin._version import __version__ as __version__
+except ImportError:  # a source tree that was never built or installed
     __version__ = "0.0.0+unknown"

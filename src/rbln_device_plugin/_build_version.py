@@ -1,6 +1,6 @@
 """The package version, decided when the wheel is built (hatchling's ``code`` version source).
 
-Never imported at run time: the daemon reads its version from the installed metadata. The
+Never imported at run time: the build writes the version into ``_version.py``. The
 image build passes its VERSION build argument as RBLN_DEVICE_PLUGIN_VERSION, so ``--version``,
 the start record and the traces' ``service.version`` name the version the image is tagged
 with. Without the variable the version is DEFAULT.

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import grpc
-from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 
 from rbln_device_plugin import cdi
 from rbln_device_plugin.api.v1beta1 import api_pb2
@@ -27,6 +25,7 @@ from rbln_device_plugin.host import devnodes, rsd, smi
 from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.inventory import Device
 from rbln_device_plugin.logs import get_logger
+from rbln_device_plugin.tracing import Tracer, mark_error
 
 CONTAINER_RSD_PATH: Final = "/dev/rsd0"
 PERMISSIONS: Final = "rw"
@@ -62,7 +61,7 @@ class Allocator:
         resource: str,
         table: DeviceTable,
         config: Config,
-        tracer: trace.Tracer,
+        tracer: Tracer,
         check_health: Callable[[Sequence[str]], Awaitable[Mapping[str, Verdict]]],
         rsd_queue: asyncio.Lock,
         hostio: HostIO,
@@ -163,7 +162,7 @@ class Allocator:
             ) as span:
                 if failure is not None:
                     span.record_exception(failure)
-                span.set_status(Status(StatusCode.ERROR, description[:_MAX_MESSAGE_BYTES]))
+                mark_error(span, description[:_MAX_MESSAGE_BYTES])
 
     async def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
         """Reject bad requests before any host access; return the checked device snapshot."""

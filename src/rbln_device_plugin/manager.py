@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Final
 
-from opentelemetry import trace
-
 from rbln_device_plugin import cdi
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
@@ -30,6 +28,7 @@ from rbln_device_plugin.kubeletwatch import KubeletSocketWatch
 from rbln_device_plugin.logs import get_logger
 from rbln_device_plugin.plugin import RegistrationError, ResourcePlugin
 from rbln_device_plugin.scan import DiscoveryError, Scanner
+from rbln_device_plugin.tracing import Tracer
 
 # A kubelet restart also ends every stream. Wait this long for its new socket before
 # treating an ended stream as lost on its own (and saying so).
@@ -42,7 +41,7 @@ class Manager:
     def __init__(
         self,
         config: Config,
-        tracer: trace.Tracer,
+        tracer: Tracer,
         on_first_scan: Callable[[], Awaitable[None]],
         scanner: Scanner | None = None,
         hostio: HostIO | None = None,

@@ -17,7 +17,6 @@ from functools import partial
 from typing import Any, Final
 
 import grpc
-from opentelemetry import trace
 
 from rbln_device_plugin import preferred
 from rbln_device_plugin.allocate import Allocator
@@ -29,6 +28,7 @@ from rbln_device_plugin.host import paths, sysfs
 from rbln_device_plugin.host.hostio import Call, HostIO
 from rbln_device_plugin.inventory import Device
 from rbln_device_plugin.logs import get_logger
+from rbln_device_plugin.tracing import Tracer
 
 API_VERSION: Final = "v1beta1"
 REGISTER_TIMEOUT_S: Final = 10.0
@@ -53,7 +53,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         self,
         resource: str,
         config: Config,
-        tracer: trace.Tracer,
+        tracer: Tracer,
         on_stream_lost: Callable[[ResourcePlugin], None] = lambda _: None,
         rsd_queue: asyncio.Lock | None = None,
         hostio: HostIO | None = None,

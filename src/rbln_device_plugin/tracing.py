@@ -9,12 +9,13 @@ batch processor thread and never delay an allocation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Protocol, cast
 from urllib.parse import urlsplit
-
-from opentelemetry import trace
 
 from rbln_device_plugin import __version__
 from rbln_device_plugin.config import Config
@@ -60,10 +61,79 @@ def parse_endpoint(raw: str) -> Endpoint:
     return Endpoint(text, insecure=True)
 
 
+AttributeValue = str | bool | int | float | Sequence[str]
+
+
+class Span(Protocol):
+    """The part of an OpenTelemetry span the daemon uses."""
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None: ...
+
+    def record_exception(self, exception: BaseException) -> None: ...
+
+    def set_status(self, status: Any, description: str | None = None) -> None: ...
+
+
+class Tracer(Protocol):
+    """The part of an OpenTelemetry tracer the daemon uses.
+
+    The daemon's own no-op tracer stands in when tracing is off, so the OpenTelemetry
+    packages are not even imported then (they cost memory on every node, forever).
+    """
+
+    def start_as_current_span(
+        self,
+        name: str,
+        *,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> AbstractContextManager[Span]: ...
+
+
+class NoopSpan:
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        pass
+
+    def record_exception(self, exception: BaseException) -> None:
+        pass
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        pass
+
+
+_NOOP_SPAN: Final = NoopSpan()
+
+
+class NoopTracer:
+    @contextlib.contextmanager
+    def _span(self) -> Iterator[Span]:
+        yield _NOOP_SPAN
+
+    def start_as_current_span(
+        self,
+        name: str,
+        *,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> AbstractContextManager[Span]:
+        return self._span()
+
+
+def mark_error(span: Span, description: str) -> None:
+    """Set a span's status to Error (a no-op span stays untouched, nothing is imported)."""
+    if isinstance(span, NoopSpan):
+        return
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, description))
+
+
 class Tracing:
     """The daemon's tracer and, when enabled, the provider behind it."""
 
-    def __init__(self, tracer: trace.Tracer, provider: object | None = None) -> None:
+    def __init__(self, tracer: Tracer, provider: object | None = None) -> None:
         self.tracer = tracer
         self._provider = provider
 
@@ -106,7 +176,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 def disabled() -> Tracing:
-    return Tracing(trace.NoOpTracer())
+    return Tracing(NoopTracer())
 
 
 def setup(config: Config) -> Tracing:
@@ -155,4 +225,4 @@ def _build(endpoint: Endpoint, node_name: str) -> Tracing:
             export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000),
         )
     )
-    return Tracing(provider.get_tracer(TRACER_NAME, __version__), provider)
+    return Tracing(cast(Tracer, provider.get_tracer(TRACER_NAME, __version__)), provider)

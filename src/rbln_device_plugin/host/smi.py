@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -74,11 +73,12 @@ def locate_rbln_smi(
         if _is_executable_file(candidate):
             return candidate
     path_env = os.environ.get("PATH", os.defpath) if search_path is None else search_path
-    found = shutil.which("rbln-smi", path=path_env)
-    if found is not None and _is_executable_file(Path(found)):
-        return Path(found)
-    tried = ", ".join(str(c) for c in candidates)
+    # The PATH search by hand: shutil would load compression modules this daemon never uses.
     on_path = [Path(d or os.curdir) / "rbln-smi" for d in path_env.split(os.pathsep)]
+    for candidate in on_path:
+        if _is_executable_file(candidate):
+            return candidate
+    tried = ", ".join(str(c) for c in candidates)
     raise SmiNotFound(
         f"rbln-smi not found (tried {tried} and $PATH={path_env})",
         list(dict.fromkeys([*candidates, *on_path])),
