@@ -195,27 +195,31 @@ class HostIO:
     def _worker(self) -> None:
         while True:
             batch, released = self._jobs.get()
-            _work(batch, released)
+            finished = _work(batch, released)
             with self._count_lock:
                 if self._backlog:
                     self._backlog -= 1  # take a queued batch without becoming idle
                 else:
                     self._idle += 1
+            # Only now: a batch submitted right after this one finds this thread idle.
+            if finished:
+                batch.done()
 
     @property
     def threads(self) -> int:
         return self._threads
 
 
-def _work(batch: _Batch, released: Callable[[str], None]) -> None:
+def _work(batch: _Batch, released: Callable[[str], None]) -> bool:
+    """Run the batch's calls; True when all of them ran (the loop is still waiting)."""
     with batch.lock:
         if batch.abandoned:
-            return  # the loop gave up before we started: it already answered everything
+            return False  # the loop gave up before we started: it answered everything
         batch.started = True
     for index, call in enumerate(batch.calls):
         with batch.lock:
             if batch.abandoned:
-                return
+                return False
             batch.next = index
         try:
             value: object = call.run()
@@ -226,10 +230,10 @@ def _work(batch: _Batch, released: Callable[[str], None]) -> None:
             if batch.abandoned:
                 # The loop gave up on this very call: its key was marked stuck.
                 released(call.key)
-                return
+                return False
     with batch.lock:
         batch.next = len(batch.calls)
-    batch.done()
+    return True
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

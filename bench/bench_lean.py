@@ -1,0 +1,277 @@
+"""The lean-daemon figures (issue 15), each next to a floor taken in the same run.
+
+- idle CPU at a 1 h and at the default 5 s scan interval, 64 devices, against an idle
+  process serving two ``grpc.aio`` servers (health on TCP, one unix socket) measured
+  over the same window;
+- resident memory after registration (tracing off) against that floor process;
+- ``rbln-smi`` calls per Allocate, for fresh devices and for devices in an old group;
+- Allocate overhead beyond the time inside ``rbln-smi``, against one trivial unary call
+  (``GetDevicePluginOptions``) on the same socket;
+- one scan without the ``rbln-smi`` process, 64 devices, unchanged node and changed
+  listing, against one no-op hop through the host-I/O runner.
+
+A shell-script ``rbln-smi`` answers ``-j`` from a snapshot, so the simulator's Python
+start-up is not counted as the daemon's. CPU time comes from ``schedstat`` (nanoseconds,
+every thread of the process). Run: ``python -m bench.bench_lean [--quick]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.devicetable import DeviceTable
+from rbln_device_plugin.host import sysfs
+from rbln_device_plugin.host.hostio import Call, HostIO
+from rbln_device_plugin.plugin import socket_name
+from rbln_device_plugin.scan import Scanner
+from rbln_device_plugin.sim.layout import generate
+from rbln_device_plugin.sim.materialize import materialize, short_tempdir
+
+from .bench_daemon import fast_smi, node_with_daemon, recorded_smi_ms, rss_mib, timed_smi
+
+NPU = "rebellions.ai/npu"
+Row = dict[str, Any]
+
+_FLOOR_SERVER = textwrap.dedent(
+    """
+    import asyncio, sys
+    import grpc
+    from grpc_health.v1 import _async as health_aio, health_pb2_grpc
+
+    async def main():
+        servers = []
+        for address in ("[::]:0", "unix:" + sys.argv[1]):
+            server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
+            server.add_insecure_port(address)
+            await server.start()
+            servers.append(server)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every live thread of ``pid``, in nanoseconds."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+class FloorProcess:
+    """An idle process serving two grpc.aio servers: what any such daemon costs."""
+
+    def __init__(self, root: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _FLOOR_SERVER, str(root / "floor.sock")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+async def cpu_percent(pids: list[int], seconds: float) -> list[float]:
+    before = [cpu_ns(pid) for pid in pids]
+    began = time.monotonic()
+    await asyncio.sleep(seconds)
+    elapsed = time.monotonic() - began
+    return [100 * (cpu_ns(pid) - b) / 1e9 / elapsed for pid, b in zip(pids, before, strict=True)]
+
+
+async def idle_rows(window: float) -> list[Row]:
+    rows: list[Row] = []
+    layout = generate(16, 4, 2, name="lean-64")
+    for interval in ("1h", "5s"):
+        async with node_with_daemon(layout, interval, fast_smi) as (node, kubelet, proc, _):
+            await kubelet.wait_for(NPU, lambda v: len(v.devices) == 64, 30)
+            floor = FloorProcess(node.root)
+            try:
+                await asyncio.sleep(1)
+                if interval == "1h":
+                    daemon_rss, floor_rss = rss_mib(proc.pid), rss_mib(floor.proc.pid)
+                    rows.append(row("resident memory after registration, tracing off",
+                                    daemon_rss, "MiB", floor_rss, "MiB"))  # fmt: skip
+                daemon_cpu, floor_cpu = await cpu_percent([proc.pid, floor.proc.pid], window)
+            finally:
+                floor.stop()
+            rows.append(row(f"daemon CPU, scan interval {interval}, {window:g} s window",
+                            daemon_cpu, "%", floor_cpu, "%"))  # fmt: skip
+    return rows
+
+
+async def allocate_rows(calls: int) -> list[Row]:
+    rows: list[Row] = []
+    layout = generate(16, 4, 2, name="lean-alloc")
+    timings_path: list[Path] = []
+
+    def prepare(node: Any) -> None:
+        timings_path.append(timed_smi(node))
+
+    async with node_with_daemon(layout, "1h", prepare) as (node, kubelet, _, _):
+        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 64, 30)
+        timings = timings_path[0]
+        target = f"unix:{node.kubelet_dir / socket_name(NPU)}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            floor_ms = []
+            for _ in range(200):
+                began = time.perf_counter()
+                await stub.GetDevicePluginOptions(api_pb2.Empty())
+                floor_ms.append((time.perf_counter() - began) * 1000)
+            floor = statistics.median(floor_ms)
+            wrapper_ms = _wrapper_ms(node.smi_path, timings)
+            counts = {"fresh": [], "regrouped": []}
+            for size in (1, 4, 16):
+                overheads = []
+                for call in range(calls):
+                    ids = [f"rbln{(call * size + k) % 64}" for k in range(size)]
+                    for kind in ("fresh", "regrouped"):
+                        if kind == "fresh":  # back to the default group first
+                            await _ungroup(node)
+                        timings.write_text("")
+                        began = time.perf_counter()
+                        await stub.Allocate(
+                            api_pb2.AllocateRequest(
+                                container_requests=[
+                                    api_pb2.ContainerAllocateRequest(devices_ids=ids)
+                                ]
+                            )
+                        )
+                        total = (time.perf_counter() - began) * 1000
+                        made = len(timings.read_text().splitlines())
+                        counts[kind].append(made)
+                        overheads.append(total - recorded_smi_ms(timings) - made * wrapper_ms)
+                rows.append(row(f"Allocate overhead beyond rbln-smi, {size} devices",
+                                statistics.median(overheads), "ms", floor, "ms"))  # fmt: skip
+    for kind, label in (("fresh", "devices in the default group"),
+                        ("regrouped", "devices in an old group")):  # fmt: skip
+        rows.append(row(f"rbln-smi calls per Allocate, {label}",
+                        statistics.median(counts[kind]), "calls"))  # fmt: skip
+    return rows
+
+
+def _wrapper_ms(smi: Path, timings: Path) -> float:
+    costs = []
+    for _ in range(10):
+        timings.write_text("")
+        began = time.perf_counter()
+        subprocess.run([str(smi), "-g", "-j"], capture_output=True, check=True)
+        costs.append((time.perf_counter() - began) * 1000 - recorded_smi_ms(timings))
+    return statistics.median(costs)
+
+
+async def _ungroup(node: Any) -> None:
+    groups = [gid for gid in node.groups() if gid != "0"]
+    if groups:
+        subprocess.run(
+            [str(node.smi_path), "group", "-d", ",".join(groups)], capture_output=True, check=True
+        )
+
+
+async def scan_rows(runs: int) -> list[Row]:
+    root = short_tempdir("rbln-bench-")
+    node = materialize(generate(16, 4, 2, name="lean-scan"), root / "node")
+    io = HostIO()
+    scanner = Scanner(sysfs_root=node.sysfs_root, smi_path=node.smi_path, hostio=io)
+    text = subprocess.run(
+        [str(node.smi_path), "-j"], capture_output=True, text=True, check=True
+    ).stdout
+    other = text.replace('"status": "', '"status": " ', 1)  # a byte-different listing
+    table = DeviceTable()
+    root_path = node.sysfs_root
+
+    async def scan_once(listing: str) -> None:
+        """What a scan does after rbln-smi returned, the plugin's status reads included."""
+        inventory = await scanner.inventory(listing)
+        devices = inventory.resources[NPU]
+        results = await io.map(
+            [Call(sysfs.status_path(root_path, d.name),
+                  lambda d=d: sysfs.read_status(root_path, d.name)) for d in devices]
+        )  # fmt: skip
+        readings = {d.name: r for d, r in zip(devices, results, strict=True)}
+        table.apply_scan(devices, readings)  # type: ignore[arg-type]
+
+    async def hop() -> None:
+        await io.call("noop", lambda: None)
+
+    async def timed(listings: list[str] | None) -> list[float]:
+        samples = []
+        for i in range(runs):
+            began = time.perf_counter()
+            if listings is None:
+                await hop()
+            else:
+                await scan_once(listings[i % len(listings)])
+            samples.append((time.perf_counter() - began) * 1000)
+        return sorted(samples)
+
+    await scan_once(text)
+    floor = statistics.median(await timed(None))
+    steady = await timed([text])
+    changing = await timed([other, text])
+    rows = [
+        row("one scan without rbln-smi, 64 devices, unchanged node",
+            statistics.median(steady), "ms", floor, "ms",
+            f"p99 {steady[int(0.99 * (len(steady) - 1))]:.2f} ms"),
+        row("one scan without rbln-smi, 64 devices, listing changed every scan",
+            statistics.median(changing), "ms", floor, "ms",
+            f"p99 {changing[int(0.99 * (len(changing) - 1))]:.2f} ms"),
+    ]  # fmt: skip
+    shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def row(
+    metric: str,
+    value: float,
+    unit: str,
+    floor: float | None = None,
+    floor_unit: str = "",
+    extra: str = "",
+) -> Row:
+    note = extra
+    if floor is not None:
+        ratio = f"{value / floor:.1f}x" if floor > 0 else "n/a"
+        note = f"floor {floor:.3f} {floor_unit} ({ratio})" + (f"; {extra}" if extra else "")
+    return {"area": "lean", "metric": metric, "value": value, "unit": unit, "note": note}
+
+
+async def main_async(quick: bool) -> list[Row]:
+    rows = await scan_rows(200 if quick else 1000)
+    rows += await allocate_rows(3 if quick else 10)
+    rows += await idle_rows(15 if quick else 40)
+    return rows
+
+
+def run(quick: bool = False) -> list[Row]:
+    return asyncio.run(main_async(quick))
+
+
+if __name__ == "__main__":
+    for r in run(quick="--quick" in sys.argv):
+        print(f"{r['metric']:<66} {r['value']:>9.3f} {r['unit']:<5} {r['note']}")
