@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import bench_daemon, bench_load, bench_scan, bench_topology
+from . import bench_daemon, bench_lean, bench_load, bench_scan, bench_topology
 
 Row = dict[str, Any]
 
@@ -90,6 +90,7 @@ def main(argv: list[str]) -> int:
         ("scan", scan_rows),
         ("topology", topology_rows),
         ("daemon", bench_daemon.run),
+        ("lean", bench_lean.run),
         ("load", bench_load.run),
     ]
     rows: list[Row] = []
