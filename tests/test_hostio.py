@@ -109,3 +109,31 @@ async def test_a_reader_bug_raises_in_the_caller() -> None:
 
     with pytest.raises(ZeroDivisionError):
         await HostIO(timeout=5).call("k", broken)
+
+
+async def test_a_device_node_check_that_hangs_fails_the_wait_naming_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stat() on a hung /dev: the check is held here, since no file can do that."""
+    from rbln_device_plugin.host import devnodes
+
+    release = threading.Event()
+    real = devnodes.node_kind
+    stuck = tmp_path / "rsd7"
+
+    def node_kind(path: Path) -> str | None:
+        if path == stuck:
+            release.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(devnodes, "node_kind", node_kind)
+    (tmp_path / "rbln0").touch()
+    try:
+        with pytest.raises(devnodes.DeviceNodeMissing) as caught:
+            await devnodes.wait_for_nodes(
+                [tmp_path / "rbln0", stuck], HostIO(timeout=0.2), timeout=0.5, interval=0.05
+            )
+        assert caught.value.missing == (stuck,)
+        assert "did not finish" in str(caught.value) or "still blocked" in str(caught.value)
+    finally:
+        release.set()

@@ -6,10 +6,13 @@ records which files each scan touched.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
+
+import pytest
 
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
@@ -115,3 +118,42 @@ async def test_a_failed_sriov_read_is_tried_again(short_tmp: Path) -> None:
     numvfs.write_text("0\n")  # the output of rbln-smi did not change
     second = await scanner.scan()
     assert "rbln3" in {d.name for d in second.resources[RESOURCE_NPU]}
+
+
+async def test_a_pci_link_that_never_resolves_costs_only_that_devices_path(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """realpath on a hung mount: no FIFO can make it block, so the reader is held here."""
+    import threading
+
+    from rbln_device_plugin import scan
+
+    node = materialize(preset("rebel-4"), short_tmp / "node")
+    stuck_bus = node.layout.device("rbln2").bus_id
+    release = threading.Event()
+    real = scan.read_pci_path
+
+    def read_pci_path(root: Path | str, bus_id: str) -> tuple[str, ...] | None:
+        if bus_id == stuck_bus:
+            release.wait(30)
+        return real(root, bus_id)
+
+    monkeypatch.setattr(scan, "read_pci_path", read_pci_path)
+    io = HostIO(timeout=0.3)
+    scanner = Scanner(sysfs_root=node.sysfs_root, smi_path=node.smi_path, hostio=io)
+    try:
+        first = await scanner.scan()
+        assert device(first, RESOURCE_NPU, "rbln2").pci_path is None
+        for name in ("rbln0", "rbln1", "rbln3"):
+            assert device(first, RESOURCE_NPU, name).pci_path is not None
+        # While it stays stuck, later scans do not wait for it again.
+        assert device(await scanner.scan(), RESOURCE_NPU, "rbln2").pci_path is None
+        assert io.threads <= 2
+    finally:
+        release.set()
+    for _ in range(100):
+        if not io.stuck:
+            break
+        await asyncio.sleep(0.02)
+    again = await scanner.scan()
+    assert device(again, RESOURCE_NPU, "rbln2").pci_path == node.layout.device("rbln2").pci_path
