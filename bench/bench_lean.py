@@ -33,7 +33,7 @@ import grpc
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.devicetable import DeviceTable
 from rbln_device_plugin.host import sysfs
-from rbln_device_plugin.host.hostio import Call, HostIO
+from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.plugin import socket_name
 from rbln_device_plugin.scan import Scanner
 from rbln_device_plugin.sim.layout import generate
@@ -209,12 +209,8 @@ async def scan_rows(runs: int) -> list[Row]:
         """What a scan does after rbln-smi returned, the plugin's status reads included."""
         inventory = await scanner.inventory(listing)
         devices = inventory.resources[NPU]
-        results = await io.map(
-            [Call(sysfs.status_path(root_path, d.name),
-                  lambda d=d: sysfs.read_status(root_path, d.name)) for d in devices]
-        )  # fmt: skip
-        readings = {d.name: r for d, r in zip(devices, results, strict=True)}
-        table.apply_scan(devices, readings)  # type: ignore[arg-type]
+        readings = await sysfs.read_statuses(io, root_path, (d.name for d in devices))
+        table.apply_scan(devices, readings)
 
     async def hop() -> None:
         await io.call("noop", lambda: None)

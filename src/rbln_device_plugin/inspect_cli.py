@@ -26,7 +26,6 @@ from functools import partial
 from typing import Final
 
 from rbln_device_plugin import __version__, cli, config, logs
-from rbln_device_plugin.health import StatusReading
 from rbln_device_plugin.host import smi, sysfs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inspection import (
@@ -178,9 +177,7 @@ async def gather(cfg: config.Config) -> HostFacts:
         [Call(sysfs.pci_device_dir(root, b), partial(sysfs.read_device_facts, root, b))
          for b in bus_ids]
     )  # fmt: skip
-    statuses = await io.map(
-        [Call(sysfs.status_path(root, n), partial(sysfs.read_status, root, n)) for n in names]
-    )
+    statuses = await sysfs.read_statuses(io, root, names)
     return HostFacts(
         smi=outcome,
         sysfs_devices=devices,
@@ -188,12 +185,7 @@ async def gather(cfg: config.Config) -> HostFacts:
             bus_id: fact if isinstance(fact, DeviceFacts) else _stalled_facts(fact)
             for bus_id, fact in zip(bus_ids, facts, strict=True)
         },
-        statuses={
-            name: reading
-            if isinstance(reading, StatusReading)
-            else StatusReading(None, str(reading))
-            for name, reading in zip(names, statuses, strict=True)
-        },
+        statuses=statuses,
         config=cfg.describe(),
     )
 

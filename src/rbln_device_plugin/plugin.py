@@ -25,7 +25,7 @@ from rbln_device_plugin.config import Config
 from rbln_device_plugin.devicetable import Change, DeviceTable, Entry, KubeletDevice
 from rbln_device_plugin.health import StatusReading, Verdict
 from rbln_device_plugin.host import paths, sysfs
-from rbln_device_plugin.host.hostio import Call, HostIO
+from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.inventory import Device
 from rbln_device_plugin.logs import get_logger
 from rbln_device_plugin.tracing import Tracer
@@ -160,28 +160,14 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
     async def _read_statuses(self, devices: Iterable[Device]) -> dict[str, StatusReading]:
         """One off-loop batch of status reads; a read that hangs counts as unreadable."""
         root = self._config.sysfs_root
-        batch = [
-            (
-                device.name,
-                Call(
-                    sysfs.status_path(root, device.name),
-                    partial(sysfs.read_status, root, device.name),
-                ),
-            )
-            for device in devices
-        ]
-        results = await self._hostio.map([call for _, call in batch])
-        readings: dict[str, StatusReading] = {}
-        for (name, call), result in zip(batch, results, strict=True):
-            reading = (
-                result if isinstance(result, StatusReading) else StatusReading(None, str(result))
-            )
+        readings = await sysfs.read_statuses(self._hostio, root, (d.name for d in devices))
+        for name, reading in readings.items():
             if not reading.readable:
                 log.debug(
                     "Cannot read device status",
-                    resourceName=self.resource, device=name, path=call.key, err=reading.reason,
+                    resourceName=self.resource, device=name,
+                    path=sysfs.status_path(root, name), err=reading.reason,
                 )  # fmt: skip
-            readings[name] = reading
         return readings
 
     async def check_health(self, device_ids: Sequence[str]) -> dict[str, Verdict]:
