@@ -33,7 +33,9 @@ REBELLIONS_PCI_VENDOR: Final = "0x1eff"
 # Paths are built as strings: pathlib's joins cost more than the reads themselves here,
 # and a scan does a handful per device every few seconds.
 def status_path(root: Path | str, name: str) -> str:
-    return os.path.join(root, "class", "rebellions", name, "status")
+    # Formatted, not joined: this runs for every device on every scan, and names are
+    # validated device names (never absolute, never "..").
+    return f"{os.fspath(root).rstrip('/')}/class/rebellions/{name}/status"
 
 
 def pci_device_dir(root: Path | str, bus_id: str) -> str:
