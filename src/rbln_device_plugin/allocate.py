@@ -234,7 +234,7 @@ class Allocator:
                 group = await self._recreate_group(binary, bus_ids)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except Exception as exc:
-                log.error("Container allocation failed", err=exc, durationMs=_ms(started), **fields)
+                log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
                 # Raised inside the span: the span and its parent record it as an error.
                 raise AllocationError(
                     f"{self._resource}: {', '.join(ids)}: {exc}", logged=True
@@ -251,7 +251,7 @@ class Allocator:
             )
         log.info(
             "Completed container allocation",
-            hostRsdPath=str(group.host_path), durationMs=_ms(started), **fields,
+            **fields, hostRsdPath=str(group.host_path), durationMs=_ms(started),
         )  # fmt: skip
         return response
 
