@@ -10,11 +10,22 @@ compared against the exhaustive reference (tests/topology_oracle.py), IDs and le
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rbln_device_plugin.inventory import Device
-from rbln_device_plugin.topology import Fallback, candidate_from_device, preferred_allocation
+from rbln_device_plugin.topology import (
+    Candidate,
+    Fallback,
+    candidate_from_device,
+    preferred_allocation,
+    score,
+)
+from rbln_device_plugin.topology.plan import Plan
+from rbln_device_plugin.topology.search import WIDTH, search
+from rbln_device_plugin.topology.tables import Demand, Sweep
 from tests.topology_oracle import Oracle, draw_subset
 
 SIDS = [
@@ -36,6 +47,8 @@ BRIDGES = ["0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:02:01.0"]
 SIZES = [*range(1, 15), *range(8, 15), *range(11, 15), 14, 14]
 # Property-test settings (issue #14): fixed seed so CI runs are reproducible.
 EXAMPLES = 500
+# Merge steps for the bounded-sweep test: small enough that the first sweep often gives up.
+CAP = 100
 
 
 @st.composite
@@ -113,3 +126,61 @@ def test_invalid_sizes_fall_back(devs: list[Device], data: st.DataObject) -> Non
             assert exc.reason
         else:
             raise AssertionError(f"size {size} should fall back")
+
+
+def _random_node(rng: random.Random, count: int) -> dict[str, Candidate]:
+    """Like ``nodes()``, from a plain seeded generator (for loops outside hypothesis)."""
+    out: dict[str, Candidate] = {}
+    numa_values = [None, *range(rng.randint(1, 4))]
+    for i in range(count):
+        bdf = f"0000:{i + 16:02x}:00.0"
+        path: tuple[str, ...] | None = (
+            rng.choice(ROOTS),
+            *rng.sample(BRIDGES, rng.randint(0, 3)),
+            bdf,
+        )
+        readable = [c.pci_path for c in out.values() if c.pci_path is not None]
+        if readable and rng.random() < 0.1:
+            path = (*rng.choice(readable), bdf)
+        elif rng.random() < 0.15:
+            path = None
+        sid = rng.choice(SIDS)
+        group = f"pf:{rng.choice(PARENTS)}" if rng.random() < 0.2 else None
+        if group is None and sid.strip().lower() not in ("", "n/a", "unknown") and sid.strip("0x"):
+            group = f"sid:{sid}"
+        out[f"rbln{i}"] = Candidate(f"rbln{i}", rng.choice(numa_values), group, path)
+    return out
+
+
+def test_the_bounded_sweep_is_exact_whenever_it_finishes() -> None:
+    """A tiny cap makes the first sweep give up, so the bounded second sweep runs: it must
+    agree with brute force whenever it finishes, and a capped answer must be complete."""
+    rng = random.Random(14)
+    seen = {"first": 0, "bounded": 0, "capped": 0, "better": 0}
+    for trial in range(150):
+        cands = _random_node(random.Random(trial), 12)
+        reference = Oracle(cands)
+        plan = Plan.build(list(cands.values()))
+        available = rng.sample(list(cands), rng.randint(8, 12))
+        must = rng.sample(available, rng.randint(0, 2))
+        for size in range(len(must) + 2, len(available)):
+            index = plan.index
+            outcome = search(
+                plan, [index[i] for i in available], [index[i] for i in must], size, CAP
+            )
+            chosen = [plan.ids[i] for i in outcome.chosen]
+            assert len(chosen) == size and set(must) <= set(chosen) <= set(available)
+            if outcome.capped:
+                seen["capped"] += 1
+                # Never worse than the quick narrowed sweep's complete selection.
+                demand = Demand(plan, [index[i] for i in available], [index[i] for i in must], size)
+                quick = Sweep(demand, limit=0, width=WIDTH, narrow=True).best()
+                assert quick is not None
+                fallback = [plan.ids[i] for i in demand.decode(quick[2])]
+                assert score(chosen, cands) <= score(fallback, cands)
+                seen["better"] += score(chosen, cands) < score(fallback, cands)
+            else:
+                seen["bounded" if outcome.bounded else "first"] += 1
+                want = reference.best(available, must, size)
+                assert chosen == sorted(want), (trial, size)
+    assert seen["bounded"] > 100 and seen["capped"] > 10 and seen["better"] > 0, seen

@@ -2,8 +2,9 @@
 
 Modules import one way: :mod:`.model` (candidates and the score) -> :mod:`.classes`
 (interchangeable devices) -> :mod:`.plan` (the merge tree built once per device set) ->
-:mod:`.search` (the exact dynamic program) -> :mod:`.request` (validation, shortcuts and
-the entry points). The gRPC adapter lives outside, in ``rbln_device_plugin.preferred``.
+:mod:`.tables` (one sweep of the dynamic program) -> :mod:`.search` (exact sweeps, the
+bound and the safety cap) -> :mod:`.request` (validation, shortcuts and the entry
+points). The gRPC adapter lives outside, in ``rbln_device_plugin.preferred``.
 """
 
 from rbln_device_plugin.topology.model import (
