@@ -11,9 +11,10 @@ the same devices are added to both.
 
 Three rules drop states that cannot win: one whose NUMA, group and readability levels
 already exceed another's with the same ``k`` and open bits (those levels only grow by
-the same amounts from there); one that another state with the same key beats in value
-without being wider; and, given a known complete selection (``bound``), one whose levels
-so far, open bits included, already exceed that selection's. A root turns its counts
+the same amounts from there); one that another state with the same ``k``, ``n`` and open
+bits matches or beats in value, summed and deepest depth and widest pair; and, given a
+known complete selection (``bound``), one whose levels so far, open bits included,
+already exceed that selection's. A root turns its counts
 into levels: cross-root pairs shrink as the per-root sum of squares grows, and the
 distance sum is ``n * D - Q``, ``Q`` being the summed squares of the devices below each
 PCI edge (an edge with ``m`` of the root's ``n`` devices below it lies on ``m * (n - m)``
@@ -217,23 +218,30 @@ class Sweep:
             slot = (key[0], key[4])
             if head < best.get(slot, head + 1):
                 best[slot] = head
-        # Same key but the widest distance: keep the front of (value, width).
-        fronts: dict[tuple[int, int, int, int, int], list[tuple[int, int]]] = {}
+        # Same device count, readable count and open bits: lower levels 1-3 win outright;
+        # otherwise a state wins if it is no worse in the value it would have were its root
+        # settled now, in summed depth, deepest device and widest pair (a larger summed
+        # depth only costs more as the root gathers more devices).
+        groups: dict[tuple[int, int, int], list[tuple[int, int, int, int, Key]]] = {}
         for key, v in acc.items():
             if v >> p.unreadable == best[(key[0], key[4])]:
-                fronts.setdefault(key[:5], []).append((v, key[5]))
+                now = v + ((key[1] * key[2]) << p.distance)
+                groups.setdefault((key[0], key[1], key[4]), []).append(
+                    (now, key[2], key[3], key[5], key)
+                )
         out: Table = {}
-        for base, front in fronts.items():
-            if len(front) > 1:
-                front.sort()
-            head = front[0][0] >> p.squares
-            widest = 1 << 62
-            for v, w in front:
-                if v >> p.squares > head:
+        for members in groups.values():
+            if len(members) > 1:
+                members.sort()
+            head = members[0][0] >> p.squares
+            kept: list[tuple[int, int, int]] = []
+            for now, depth, deepest, widest, key in members:
+                if now >> p.squares > head:
                     break
-                if w < widest:
-                    widest = w
-                    out[(*base, w)] = v
+                if any(a <= depth and b <= deepest and c <= widest for a, b, c in kept):
+                    continue
+                kept.append((depth, deepest, widest))
+                out[key] = acc[key]
         return out
 
     def _bounded(self, acc: Table) -> Table:
