@@ -191,3 +191,22 @@ def test_the_widest_distance_is_settled_before_the_distance_sum() -> None:
     got = preferred_allocation(cands, list(cands), [], 6)
     assert got.device_ids == ["rbln0", "rbln2", "rbln3", "rbln4", "rbln5", "rbln8"]
     assert got.score.levels() == (6, 0, 2, 0, 8, 5, 26)  # a sum of 24 would cost width 6
+
+
+def test_a_deeper_device_is_remembered_for_the_pairs_still_to_come() -> None:
+    """Two pairs under bridge P with equal summed depth and width: x/y reach depth 4,
+    u/t only 3, so with z next to P the x/y set gets the wider pair (5 against 4)."""
+    root, bridge = "pci0000:00", "0000:00:01.0"
+    cands = {
+        "rbln0": Candidate(
+            "rbln0", 0, "sid:a", (root, bridge, "0000:01:00.0", "0000:02:00.0", "0000:03:00.0")
+        ),
+        "rbln1": Candidate("rbln1", 0, "sid:a", (root, bridge, "0000:01:01.0")),
+        "rbln2": Candidate("rbln2", 0, "sid:b", (root, bridge, "0000:01:02.0", "0000:04:00.0")),
+        "rbln3": Candidate("rbln3", 0, "sid:b", (root, bridge, "0000:01:03.0", "0000:05:00.0")),
+        "rbln4": Candidate("rbln4", 0, None, (root, "0000:00:02.0")),
+    }
+    got = preferred_allocation(cands, list(cands), ["rbln4"], 3)
+    assert got.device_ids == ["rbln4", "rbln2", "rbln3"]
+    assert got.device_ids == Oracle(cands).best(list(cands), ["rbln4"], 3)
+    assert got.score.levels() == (0, 1, 2, 0, 0, 4, 12)
