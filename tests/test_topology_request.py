@@ -169,3 +169,19 @@ def test_absurd_inputs_are_rejected_quickly() -> None:
         preferred_allocation(huge, list(huge), [], 3)
     assert "search limit" in caught.value.reason
     print(f"absurd inputs rejected in {time.perf_counter() - started:.2f}s")
+
+
+def test_hand_built_candidates_are_read_like_the_score_reads_them() -> None:
+    # A negative NUMA node is unknown, a one-segment path is unreadable, and the mapping's
+    # key is the device ID even if the candidate says otherwise.
+    cands = {
+        "rbln0": Candidate("rbln0", -1, None, ("pci0000:00", "0000:00:01.0")),
+        "rbln1": Candidate("other", 0, None, ("pci0000:00",)),
+        "rbln2": Candidate("rbln2", 0, None, ("pci0000:00", "0000:00:02.0")),
+        "rbln3": Candidate("rbln3", 0, None, ("pci0000:00", "0000:00:03.0")),
+    }
+    reference = Oracle(Topology(cands).candidates)
+    for size in range(1, 5):
+        got = preferred_allocation(cands, list(cands), [], size)
+        assert got.device_ids == reference.best(list(cands), [], size)
+    assert preferred_allocation(cands, list(cands), [], 2).device_ids == ["rbln2", "rbln3"]

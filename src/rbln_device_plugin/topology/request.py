@@ -14,10 +14,10 @@ builds it once per inventory change and reuses it for every request.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
-from rbln_device_plugin.topology.model import Candidate, Score, score
+from rbln_device_plugin.topology.model import Candidate, Score, known_numa, score
 from rbln_device_plugin.topology.plan import Plan
 from rbln_device_plugin.topology.search import DEFAULT_CAP, search
 
@@ -45,7 +45,7 @@ class Topology:
     """The allocator for one device set: validates requests and answers them."""
 
     def __init__(self, candidates: Mapping[str, Candidate]) -> None:
-        self.candidates = candidates
+        self.candidates = {k: _normalized(k, c) for k, c in candidates.items()}
         self._plan: Plan | None = None
 
     @property
@@ -127,6 +127,16 @@ def preferred_allocation(
 ) -> Preferred:
     """One request against a device set (builds the plan; plugins keep a Topology)."""
     return Topology(candidates).preferred(available, must_include, size, cap=cap)
+
+
+def _normalized(key: str, cand: Candidate) -> Candidate:
+    """The candidate as the score reads it, whoever built it: the mapping's key is the ID,
+    a negative NUMA node is unknown, a path without a root and a device is unreadable."""
+    numa = known_numa(cand.numa)
+    path = cand.pci_path if cand.pci_path is not None and len(cand.pci_path) > 1 else None
+    if (cand.id, cand.numa, cand.pci_path) == (key, numa, path):
+        return cand
+    return replace(cand, id=key, numa=numa, pci_path=path)
 
 
 def _alone(cand: Candidate) -> tuple[bool, bool, str]:
