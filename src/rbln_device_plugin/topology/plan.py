@@ -1,18 +1,15 @@
 """The merge plan: in which order the search combines classes, and what each step costs.
 
-The search is a dynamic program over a tree (the plan): PCI bridges where branches meet,
-PCI roots, and one virtual node on top. A class joins the plan at its attach bridge; an
-unreadable or solo class joins where its card's readable devices meet (else at the top),
-so a card is finished, and its group counted, as early as possible. Every level of the
-score then becomes a sum over merge steps, except three things that are carried as state:
-share groups and NUMA nodes that still have members outside the merged part (one bit
-each, counted when the last member has been merged), and the PCI quantities a root needs
-to turn counts into distances. Everything here depends on the inventory only.
-
-Levels are packed into one integer per partial selection, most significant first: unknown
-NUMA, NUMA nodes, share groups, unreadable paths, a root term for cross-root pairs, the
-distance sum, then a tie-break field that is smaller for smaller sorted ID lists. Adding
-two packed values adds every level at once, and ``<`` compares them lexicographically.
+The search is a dynamic program over a tree (the plan) of PCI bridges where branches
+meet, PCI roots and one virtual node on top, so every level of the score becomes a sum of
+per-step amounts that can be packed into one integer (:class:`Packing`). A class joins at
+its attach bridge; an unreadable or solo class joins where its card's readable devices
+meet (else at the top), so a card is finished, and its group counted, as early as
+possible. What cannot be summed yet is carried as state: share groups and NUMA nodes that
+still have members outside the merged part (one bit each, counted at the step that merges
+their last member, precomputed here) and the PCI counts a root needs to turn into
+distances. Everything here depends on the inventory only, so it is built once per device
+set.
 """
 
 from __future__ import annotations
@@ -39,7 +36,14 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class Packing:
-    """Bit offsets of the levels inside a packed value."""
+    """Bit offsets of the levels inside a packed value.
+
+    Most significant first: unknown NUMA, NUMA nodes, share groups, unreadable paths, a
+    per-root term for cross-root pairs, the distance sum, then a tie-break field that is
+    smaller for smaller sorted ID lists. Every field is wide enough for its largest sum,
+    so adding two packed values adds every level at once and ``<`` compares them
+    lexicographically.
+    """
 
     ids: int  # width of the ID tie-break field (offset 0)
     distance: int  # offset of the distance-sum field

@@ -1,25 +1,18 @@
 """One sweep of the dynamic program over the merge plan: which partial selections to keep.
 
-Each plan node gets a table from partial selections under it to their packed value
-(:mod:`plan`). A table is keyed by what the rest of the sweep still depends on: how many
-devices it holds (``k``), the PCI counts its root will need (readable devices ``n``, their
-summed depth ``D``, the deepest one ``h``), the share groups and NUMA nodes still open
-(``sig``) and the widest PCI distance so far (``w``). Keeping only the best value per key
-is exact, because every later step adds the same amount to states with equal keys; the
-packed value carries the ID tie-break too, and a smaller sorted ID list stays smaller when
-the same devices are added to both.
-
-Three rules drop states that cannot win: one whose NUMA, group and readability levels
-already exceed another's with the same ``k`` and open bits (those levels only grow by
-the same amounts from there); one that another state with the same ``k``, ``n`` and open
-bits matches or beats in value, summed and deepest depth and widest pair; and, given a
-known complete selection (``bound``), one whose levels so far, open bits included,
-already exceed that selection's. A root turns its counts
-into levels: cross-root pairs shrink as the per-root sum of squares grows, and the
-distance sum is ``n * D - Q``, ``Q`` being the summed squares of the devices below each
+Each plan node gets a table from partial selections under it to their packed value,
+keyed by what the rest of the sweep still depends on: how many devices (``k``), the PCI
+counts its root will need (readable devices ``n``, their summed depth ``D``, the deepest
+``h``), the share groups and NUMA nodes still open (``sig``) and the widest PCI distance so
+far (``w``). Keeping only the best value per key is exact, because every later step adds
+the same amount to states with equal keys, and the packed value carries the ID tie-break
+too (a smaller sorted ID list stays smaller when the same devices are added to both).
+Dominance rules (:meth:`Sweep._prune`) drop further states that cannot win. A root
+turns its counts into levels: cross-root pairs shrink as the per-root sum of squares
+grows, and its distance sum is ``n * D - Q``, ``Q`` summing the squared count below each
 PCI edge (an edge with ``m`` of the root's ``n`` devices below it lies on ``m * (n - m)``
-paths). A narrowed sweep keeps only the best few states per device count: fast, complete,
-not necessarily optimal.
+paths). A narrowed sweep keeps only the best few states per device count: fast and
+complete, not necessarily optimal.
 """
 
 from __future__ import annotations
@@ -203,6 +196,14 @@ class Sweep:
         return out
 
     def _prune(self, acc: Table) -> Table:
+        """Drop states that cannot win.
+
+        A state loses to another with the same ``k`` and open bits whose NUMA, group and
+        readability levels are lower (those only grow by the same amounts from here), to
+        one with the same ``k``, ``n`` and open bits that matches it in value, summed and
+        deepest depth and widest pair, and, given a known complete selection
+        (``bound``), when its levels so far, open bits included, already exceed it.
+        """
         self._count(len(acc))
         if self.narrowed:
             return self._narrow(acc)
