@@ -56,14 +56,18 @@ def candidate_from_device(device: Device) -> Candidate:
         group = None
     return Candidate(
         id=device.name,
-        numa=known_numa(device.numa),
+        numa=_numa(device.numa),
         group=group,
         pci_path=normalize_pci_path(device.pci_path, device.bus_id),
     )
 
 
-def known_numa(numa: int | None) -> int | None:
-    """Missing and negative NUMA values are unknown."""
+def known_numa(candidate: Candidate) -> int | None:
+    """The candidate's NUMA node, or None when unknown (missing or negative)."""
+    return _numa(candidate.numa)
+
+
+def _numa(numa: int | None) -> int | None:
     return numa if numa is not None and numa >= 0 else None
 
 

@@ -132,7 +132,7 @@ def preferred_allocation(
 def _normalized(key: str, cand: Candidate) -> Candidate:
     """The candidate as the score reads it, whoever built it: the mapping's key is the ID,
     a negative NUMA node is unknown, a path without a root and a device is unreadable."""
-    numa = known_numa(cand.numa)
+    numa = known_numa(cand)
     path = cand.pci_path if cand.pci_path is not None and len(cand.pci_path) > 1 else None
     if (cand.id, cand.numa, cand.pci_path) == (key, numa, path):
         return cand
