@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import bench_daemon, bench_lean, bench_load, bench_scan, bench_topology
+from . import bench_daemon, bench_lean, bench_load, bench_preferred, bench_scan, bench_topology
 
 Row = dict[str, Any]
 
@@ -34,38 +34,8 @@ def scan_rows(quick: bool) -> list[Row]:
 
 
 def topology_rows(quick: bool) -> list[Row]:
-    """Selected sizes per layout, the worst size overall, and random busy-node requests."""
-    shown_sizes = {1, 2, 4, 8, 16, 24, 32, 48, 64}
-    results = bench_topology.run(repeats=2 if quick else 5, random_requests=200 if quick else 1000)
-    rows: list[Row] = []
-    for layout in dict.fromkeys(r["layout"] for r in results):
-        per_size = [
-            r for r in results if r["layout"] == layout and r["request"].startswith("choose")
-        ]
-        for r in per_size:
-            size = int(r["request"].split()[1])
-            if size in shown_sizes or len(per_size) == 1:
-                rows.append(_topology_row(layout, r["request"], r))
-        if len(per_size) > 1:
-            worst = max(per_size, key=lambda r: r["worst_ms"])
-            rows.append(_topology_row(layout, f"worst of all sizes ({worst['request']})", worst))
-        for r in results:
-            if r["layout"] == layout and "random" in r["request"]:
-                rows.append(_topology_row(layout, r["request"], r, p99=r["p99_ms"]))
-    return rows
-
-
-def _topology_row(layout: str, request: str, r: Row, p99: float | None = None) -> Row:
-    note = f"median {r['median_ms']:.2f} ms"
-    if p99 is not None:
-        note += f", p99 {p99:.2f} ms"
-    return {
-        "area": "preferred",
-        "metric": f"{layout}: {request}",
-        "value": r["worst_ms"],
-        "unit": "ms",
-        "note": f"worst; {note}",
-    }
+    """Preferred allocation: through the daemon's socket next to the floor, then in process."""
+    return bench_preferred.run(quick) + bench_topology.run(quick)
 
 
 def machine() -> str:
@@ -88,7 +58,7 @@ def main(argv: list[str]) -> int:
     quick = "--quick" in argv
     sections: list[tuple[str, Callable[[bool], list[Row]]]] = [
         ("scan", scan_rows),
-        ("topology", topology_rows),
+        ("preferred allocation", topology_rows),
         ("daemon", bench_daemon.run),
         ("lean", bench_lean.run),
         ("load", bench_load.run),

@@ -1,110 +1,75 @@
-"""Latency of one preferred-allocation search on ATOM-style nodes.
+"""The preferred-allocation search in process, without gRPC: what the daemon's CPU does.
 
-Run: ``.venv/bin/python -m bench.bench_topology``. Every row is one request shape timed
-``REPEATS`` times; ``median_ms`` and ``worst_ms`` cover model building plus the search.
-Random partial requests are timed once each and also report ``p99_ms``.
+Same layouts and the same random requests as ``bench.bench_preferred``. Each request is
+answered by one prepared allocator (as the daemon keeps one per device set) three times;
+its time is the fastest of the three, which removes preemption on a shared machine and
+leaves the search's own cost. Reported per layout: the one-time preparation, size 1, the
+median and worst request, and how many answers hit the safety cap (should be none).
+
+Run: ``.venv/bin/python -m bench.bench_topology [--quick]``.
 """
 
 from __future__ import annotations
 
-import random
 import statistics
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bench.layouts import atom_16_cards, atom_cards, atom_max_8
-from rbln_device_plugin.topology import Candidate, preferred_allocation
+from bench.bench_preferred import requests_for
+from bench.layouts import candidates, node_64, node_64_half_unreadable, node_128
+from rbln_device_plugin.topology import Topology
 
-REPEATS = 5
-RANDOM_REQUESTS = 1000
-
-
-def _time(call: Callable[[], object], repeats: int) -> list[float]:
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
+Row = dict[str, Any]
 
 
-def _sizes(layout: str, cands: Mapping[str, Candidate], repeats: int) -> list[dict[str, Any]]:
+def measure(name: str, cands: dict[str, Any], per_size: int) -> list[Row]:
+    began = time.perf_counter()
+    allocator = Topology(cands)
+    allocator.plan  # noqa: B018 - the per-inventory preparation is part of the figure
+    prepared_ms = (time.perf_counter() - began) * 1000
     ids = list(cands)
-    rows = []
-    for size in range(1, len(ids) + 1):
-        samples = _time(lambda size=size: preferred_allocation(cands, ids, [], size), repeats)
-        rows.append(
-            {
-                "layout": layout,
-                "request": f"choose {size} of {len(ids)}",
-                "median_ms": statistics.median(samples),
-                "worst_ms": max(samples),
-            }
-        )
-    return rows
-
-
-def _partial(layout: str, cands: Mapping[str, Candidate], count: int) -> dict[str, Any]:
-    """Random requests as a busy node sees them: some devices taken, some mandatory."""
-    rng = random.Random(7)
-    ids = list(cands)
-    samples = []
-    for _ in range(count):
-        available = rng.sample(ids, rng.randint(len(ids) // 3, len(ids)))
-        must = rng.sample(available, rng.randint(0, min(3, len(available))))
-        size = rng.randint(len(must), len(available))
-        samples += _time(
-            lambda a=available, m=must, s=size: preferred_allocation(cands, a, m, s), 1
-        )
-    samples.sort()
-    return {
-        "layout": layout,
-        "request": f"{count} random partial requests",
-        "median_ms": statistics.median(samples),
-        "p99_ms": samples[int(len(samples) * 0.99) - 1],
-        "worst_ms": samples[-1],
-    }
-
-
-def run(repeats: int = REPEATS, random_requests: int = RANDOM_REQUESTS) -> list[dict[str, Any]]:
-    """Benchmark rows (one dict per request shape) for ``make bench`` to aggregate."""
-    atom8, cards16 = atom_max_8(), atom_16_cards()
-    rows = _sizes("atom-max-8 (32)", atom8, repeats)
-    rows += _sizes("16 cards (64)", cards16, repeats)
-    one_numa = atom_cards(cards=8, numa_nodes=1)
-    rows.append(
+    times: list[tuple[float, int]] = []
+    capped = 0
+    for available, must, size in requests_for(ids, per_size, seed=len(ids)):
+        best = float("inf")
+        for _ in range(3):
+            began = time.perf_counter()
+            result = allocator.preferred(available, must, size)
+            best = min(best, (time.perf_counter() - began) * 1000)
+        capped += result.capped is not None
+        times.append((best, size))
+    size1 = [t for t, size in times if size == 1]
+    worst = max(times)
+    label = f"{name} ({len(ids)}), in process"
+    return [
+        _row(f"{label}: preparation once per device set", prepared_ms, ""),
+        _row(f"{label}: size 1, worst request", max(size1), ""),
+        _row(f"{label}: median request", statistics.median(t for t, _ in times), ""),
+        _row(f"{label}: worst request", worst[0], f"size {worst[1]}"),
         {
-            "layout": "8 cards, 1 NUMA (32)",
-            "request": "choose 16 of 32",
-            **_summary(
-                _time(lambda: preferred_allocation(one_numa, list(one_numa), [], 16), repeats)
-            ),
-        }
-    )
-    rows.append(_partial("atom-max-8 (32)", atom8, random_requests))
-    rows.append(_partial("16 cards (64)", cards16, random_requests))
+            "area": "preferred",
+            "metric": f"{label}: answers past the safety cap",
+            "value": float(capped),
+            "unit": "",
+            "note": f"of {len(times)} random requests",
+        },
+    ]
+
+
+def _row(metric: str, ms: float, note: str) -> Row:
+    return {"area": "preferred", "metric": metric, "value": ms, "unit": "ms", "note": note}
+
+
+def run(quick: bool = False) -> list[Row]:
+    per_size = 2 if quick else 8
+    rows: list[Row] = []
+    for make in (node_64, node_64_half_unreadable, node_128):
+        layout = make()
+        rows += measure(layout.name, candidates(layout), per_size)
     return rows
-
-
-def _summary(samples: Sequence[float]) -> dict[str, float]:
-    return {"median_ms": statistics.median(samples), "worst_ms": max(samples)}
-
-
-def _print(rows: list[dict[str, Any]]) -> None:
-    print(f"{'layout':<22} {'request':<32} {'median ms':>10} {'p99 ms':>7} {'worst ms':>9}")
-    for row in rows:
-        median, worst = row["median_ms"], row["worst_ms"]
-        p99 = f"{row['p99_ms']:.2f}" if "p99_ms" in row else "-"
-        print(f"{row['layout']:<22} {row['request']:<32} {median:>10.2f} {p99:>7} {worst:>9.2f}")
-    for layout in sorted({row["layout"] for row in rows}):
-        mine = [
-            row for row in rows if row["layout"] == layout and row["request"].startswith("choose")
-        ]
-        if mine:
-            worst = max(mine, key=lambda row: row["worst_ms"])
-            print(f"worst single size on {layout}: {worst['worst_ms']:.2f} ms ({worst['request']})")
 
 
 if __name__ == "__main__":
-    _print(run())
+    for row in run(quick="--quick" in sys.argv):
+        print(f"{row['metric']:<64} {row['value']:>9.3f} {row['unit']:<3} {row['note']}")

@@ -8,7 +8,11 @@ over the NUMA nodes, and every bus number on the node is distinct.
 
 from __future__ import annotations
 
-from rbln_device_plugin.topology import Candidate
+import dataclasses
+
+from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.sim.layout import Layout, generate
+from rbln_device_plugin.topology import Candidate, candidate_from_device
 
 
 def atom_cards(
@@ -53,3 +57,47 @@ def atom_max_8() -> dict[str, Candidate]:
 def atom_16_cards() -> dict[str, Candidate]:
     """16 cards x 4 devices (64 devices) over 2 NUMA nodes."""
     return atom_cards(cards=16)
+
+
+# ---------------------------------------------------------------- simulated nodes
+# The nodes the preferred-allocation targets are measured on (issue #14). They are sim
+# layouts, so the benchmark can run the real daemon on them; ``candidates`` gives the
+# same devices as the allocator sees them, for in-process figures and tests.
+
+
+def node_64() -> Layout:
+    """16 cards x 4 (64 x CA25), 2 NUMA nodes, 2 host bridges (8 cards behind each)."""
+    return generate(16, 4, 2, cards_per_root=8, name="64 readable")
+
+
+def node_64_half_unreadable() -> Layout:
+    """``node_64`` where every second device has no readable PCI link."""
+    base = node_64()
+    devices = tuple(
+        dataclasses.replace(d, pci_path=None) if i % 2 else d for i, d in enumerate(base.devices)
+    )
+    return Layout("64 half unreadable", devices)
+
+
+def node_128() -> Layout:
+    """32 cards x 4 (128 devices), 4 NUMA nodes, one host bridge of 8 cards per node."""
+    return generate(32, 4, 4, cards_per_root=8, name="128 devices")
+
+
+def candidates(layout: Layout) -> dict[str, Candidate]:
+    """The layout's devices as the daemon's allocator sees them."""
+    out = {}
+    for d in layout.devices:
+        numa = int(d.numa) if d.numa.lstrip("-").isdigit() else None
+        device = Device(
+            name=d.name,
+            product=d.product,
+            pci_device_id=d.pci_dev,
+            bus_id=d.bus_id,
+            numa=numa if numa is not None and numa >= 0 else None,
+            sid=d.sid,
+            parent_bus_id=d.physfn,
+            pci_path=d.pci_path,
+        )
+        out[d.name] = candidate_from_device(device)
+    return out
