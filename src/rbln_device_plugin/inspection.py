@@ -494,7 +494,9 @@ class PreferredReport:
     must_include: tuple[str, ...]
     winner: Choice | None = None  # None: the plugin would fall back to the kubelet
     runner_up: Choice | None = None  # the best other selection; None when there is none
-    shortcut: str | None = None  # "must-include" / "all-available": answered without search
+    # How the plugin answered without the general search: "must-include", "all-available",
+    # "one-device", "one-card"; None when it searched.
+    shortcut: str | None = None
     fallback: str = ""  # why the plugin would answer an empty list
     runner_up_note: str = ""  # e.g. a sub-search over budget: the runner-up may be inexact
 
@@ -553,6 +555,11 @@ def explain_preferred(
         return replace(request, fallback=f"internal error in topology search: {exc!r}")
     winner = Choice(tuple(result.device_ids), result.score or score(result.device_ids, candidates))
     runner_up, note = _runner_up(candidates, available, must_include, size, winner)
+    if result.capped is not None:
+        note = (
+            f"the search reached its safety cap ({result.capped} steps): the answer is "
+            "complete but may not be the best" + (f"; {note}" if note else "")
+        )
     return replace(
         request,
         winner=winner,
