@@ -175,6 +175,67 @@ async def allocate_rows(calls: int) -> list[Row]:
     return rows
 
 
+async def in_process_allocate_row(calls: int) -> Row:
+    """Allocate inside this process: total minus the wall time of each rbln-smi run.
+
+    Whatever a process spawn costs the caller is on the rbln-smi side here, so what
+    remains is the plugin's own work: validation, the status and node checks, the lock,
+    parsing, the response, the records.
+    """
+    import io as textio
+
+    from rbln_device_plugin import config, logs
+    from rbln_device_plugin.host import rsd
+    from rbln_device_plugin.plugin import ResourcePlugin
+    from rbln_device_plugin.tracing import NoopTracer
+
+    logs.install({logs.LEVEL_ENV: "error"}, stream=textio.StringIO())  # as the bench daemons
+    root = short_tempdir("rbln-bench-")
+    node = materialize(generate(16, 4, 2, name="lean-inproc"), root / "node")
+    cfg = config.resolve({}, dict(zip(
+        ["SYSFS_ROOT", "DEV_ROOT", "RBLN_SMI_PATH", "KUBELET_DEVICE_PLUGIN_PATH", "CDI_ROOT",
+         "RSD_LOCK_PATH"],
+        [str(node.sysfs_root), str(node.dev_root), str(node.smi_path), str(node.kubelet_dir),
+         str(node.cdi_root), str(node.rsd_lock_path)], strict=True)))  # fmt: skip
+    io = HostIO()
+    scanned = await Scanner(sysfs_root=cfg.sysfs_root, smi_path=cfg.rbln_smi, hostio=io).scan()
+    plugin = ResourcePlugin(NPU, cfg, NoopTracer(), hostio=io)
+    await plugin.update(scanned.resources[NPU])
+    smi_ms: list[float] = []
+    real_run = rsd.run_smi
+
+    async def timed_run(*args: Any, **kwargs: Any) -> str:
+        began = time.perf_counter()
+        try:
+            return await real_run(*args, **kwargs)
+        finally:
+            smi_ms.append((time.perf_counter() - began) * 1000)
+
+    class Context:
+        async def abort(self, code: Any, message: str) -> None:
+            raise RuntimeError(message)
+
+    rsd.run_smi = timed_run  # type: ignore[assignment]
+    overheads = []
+    try:
+        for call in range(calls):
+            await _ungroup(node)
+            smi_ms.clear()
+            request = api_pb2.AllocateRequest(
+                container_requests=[
+                    api_pb2.ContainerAllocateRequest(devices_ids=[f"rbln{call % 64}"])
+                ]
+            )
+            began = time.perf_counter()
+            await plugin.Allocate(request, Context())  # type: ignore[arg-type]
+            overheads.append((time.perf_counter() - began) * 1000 - sum(smi_ms))
+    finally:
+        rsd.run_smi = real_run  # type: ignore[assignment]
+        shutil.rmtree(root, ignore_errors=True)
+    return row("Allocate overhead inside the daemon, rbln-smi runs excluded whole",
+               statistics.median(overheads), "ms")  # fmt: skip
+
+
 def _wrapper_ms(smi: Path, timings: Path) -> float:
     costs = []
     for _ in range(10):
@@ -260,6 +321,7 @@ def row(
 async def main_async(quick: bool) -> list[Row]:
     rows = await scan_rows(200 if quick else 1000)
     rows += await allocate_rows(3 if quick else 10)
+    rows.append(await in_process_allocate_row(10 if quick else 30))
     rows += await idle_rows(15 if quick else 40)
     return rows
 
