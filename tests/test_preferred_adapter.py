@@ -29,9 +29,13 @@ DEVICES = [device(d) for d in node_64_half_unreadable().devices]
 IDS = [d.name for d in DEVICES]
 
 
+def readings(devices: list[Device], code: int) -> dict[str, StatusReading]:
+    return {d.name: StatusReading(code) for d in devices}
+
+
 def table(devices: list[Device]) -> DeviceTable:
     t = DeviceTable()
-    t.apply_scan(devices, lambda _: StatusReading(0))
+    t.apply_scan(devices, readings(devices, 0))
     return t
 
 
@@ -46,10 +50,10 @@ def request(
 def test_the_allocator_is_reused_until_the_devices_change() -> None:
     t = table(DEVICES)
     first = preferred.allocator_for(t)
-    t.apply_scan(DEVICES, lambda _: StatusReading(1))  # health changed, devices did not
+    t.apply_scan(DEVICES, readings(DEVICES, 1))  # health changed, devices did not
     assert preferred.allocator_for(t) is first
     moved = [dataclasses.replace(DEVICES[0], numa=1), *DEVICES[1:]]
-    t.apply_scan(moved, lambda _: StatusReading(0))
+    t.apply_scan(moved, readings(moved, 0))
     rebuilt = preferred.allocator_for(t)
     assert rebuilt is not first and rebuilt.candidates["rbln0"].numa == 1
 
