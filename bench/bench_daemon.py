@@ -165,18 +165,29 @@ async def idle_cpu_default_interval(seconds: float) -> tuple[float, float]:
         return 100 * cpu / (time.monotonic() - wall_start), rss_mib(proc.pid)
 
 
-async def allocate_overhead(sizes: tuple[int, ...], calls: int) -> dict[int, tuple[float, float]]:
-    """Per size: (median total ms, median overhead ms = total minus time inside rbln-smi)."""
-    out: dict[int, tuple[float, float]] = {}
-    layout = generate(8, 4, 2, name="bench-alloc")
+@asynccontextmanager
+async def daemon_with_timed_smi(
+    layout: Layout,
+) -> AsyncIterator[tuple[SimNode, KubeletStub, Path]]:
+    """A registered daemon (1 h scans) whose rbln-smi records its own wall time per call."""
     timings_path: list[Path] = []
 
     def prepare(node: SimNode) -> None:
         timings_path.append(timed_smi(node))
 
     async with node_with_daemon(layout, "1h", prepare) as (node, kubelet, _, _):
-        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 32, 30)
-        timings = timings_path[0]
+        await kubelet.wait_for(NPU, lambda v: len(v.devices) == len(layout.devices), 30)
+        yield node, kubelet, timings_path[0]
+
+
+async def allocate_overhead(sizes: tuple[int, ...], calls: int) -> dict[int, tuple[float, float]]:
+    """Per size: (median total ms, median overhead ms = total minus time inside rbln-smi)."""
+    out: dict[int, tuple[float, float]] = {}
+    async with daemon_with_timed_smi(generate(8, 4, 2, name="bench-alloc")) as (
+        node,
+        kubelet,
+        timings,
+    ):
         wrapper_ms = wrapper_cost_ms(node.smi_path, timings)
         for size in sizes:
             totals, overheads = [], []

@@ -39,7 +39,14 @@ from rbln_device_plugin.scan import Scanner
 from rbln_device_plugin.sim.layout import generate
 from rbln_device_plugin.sim.materialize import materialize, short_tempdir
 
-from .bench_daemon import fast_smi, node_with_daemon, recorded_smi_ms, rss_mib, timed_smi
+from .bench_daemon import (
+    daemon_with_timed_smi,
+    fast_smi,
+    node_with_daemon,
+    recorded_smi_ms,
+    rss_mib,
+    wrapper_cost_ms,
+)
 
 NPU = "rebellions.ai/npu"
 Row = dict[str, Any]
@@ -126,15 +133,11 @@ async def idle_rows(window: float) -> list[Row]:
 
 async def allocate_rows(calls: int) -> list[Row]:
     rows: list[Row] = []
-    layout = generate(16, 4, 2, name="lean-alloc")
-    timings_path: list[Path] = []
-
-    def prepare(node: Any) -> None:
-        timings_path.append(timed_smi(node))
-
-    async with node_with_daemon(layout, "1h", prepare) as (node, kubelet, _, _):
-        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 64, 30)
-        timings = timings_path[0]
+    async with daemon_with_timed_smi(generate(16, 4, 2, name="lean-alloc")) as (
+        node,
+        _,
+        timings,
+    ):
         target = f"unix:{node.kubelet_dir / socket_name(NPU)}"
         async with grpc.aio.insecure_channel(target) as channel:
             stub = api_pb2_grpc.DevicePluginStub(channel)
@@ -144,7 +147,7 @@ async def allocate_rows(calls: int) -> list[Row]:
                 await stub.GetDevicePluginOptions(api_pb2.Empty())
                 floor_ms.append((time.perf_counter() - began) * 1000)
             floor = statistics.median(floor_ms)
-            wrapper_ms = _wrapper_ms(node.smi_path, timings)
+            wrapper_ms = wrapper_cost_ms(node.smi_path, timings)
             counts = {"fresh": [], "regrouped": []}
             for size in (1, 4, 16):
                 overheads = []
@@ -234,16 +237,6 @@ async def in_process_allocate_row(calls: int) -> Row:
         shutil.rmtree(root, ignore_errors=True)
     return row("Allocate overhead inside the daemon, rbln-smi runs excluded whole",
                statistics.median(overheads), "ms")  # fmt: skip
-
-
-def _wrapper_ms(smi: Path, timings: Path) -> float:
-    costs = []
-    for _ in range(10):
-        timings.write_text("")
-        began = time.perf_counter()
-        subprocess.run([str(smi), "-g", "-j"], capture_output=True, check=True)
-        costs.append((time.perf_counter() - began) * 1000 - recorded_smi_ms(timings))
-    return statistics.median(costs)
 
 
 async def _ungroup(node: Any) -> None:

@@ -6,6 +6,10 @@ import shutil
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+import pytest
 
 from rbln_device_plugin.sim.kubelet import KubeletStub
 from rbln_device_plugin.sim.layout import Layout, preset
@@ -43,3 +47,15 @@ async def running(
         daemon.kill()
         await kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+class WithKubelet(Protocol):
+    kubelet: KubeletStub
+
+
+async def rejected(h: WithKubelet, resource: str, containers: list[list[str]]) -> str:
+    """Allocate through the kubelet stub, expecting INVALID_ARGUMENT; returns its message."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await h.kubelet.allocate(resource, containers)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return caught.value.details() or ""

@@ -7,13 +7,12 @@ import fcntl
 import os
 from pathlib import Path
 
-import grpc
 import pytest
 
 from rbln_device_plugin.sim import runtime
 from rbln_device_plugin.sim.state import Fault
 
-from .simnode import Harness, running
+from .simnode import Harness, rejected, running
 
 NPU = "rebellions.ai/npu"
 VF4 = "rebellions.ai/npu-vf4"
@@ -31,13 +30,6 @@ def specs(response: object) -> list[tuple[str, str, str]]:
 def groups(h: Harness) -> dict[str, list[str]]:
     """Non-default RSD groups as the simulated rbln-smi holds them: group id -> devices."""
     return {gid: sorted(names) for gid, names in runtime.groups(h.node).items() if gid != "0"}
-
-
-async def rejected(h: Harness, resource: str, containers: list[list[str]]) -> str:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await h.kubelet.allocate(resource, containers)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    return caught.value.details() or ""
 
 
 async def test_single_container_pf_allocation() -> None:

@@ -32,7 +32,6 @@ from .daemon_process import DaemonProcess
 from .fault_helpers import (
     NPU,
     RECONCILED,
-    FaultHarness,
     groups_are_consistent,
     launch,
     next_reconcile,
@@ -41,6 +40,7 @@ from .fault_helpers import (
     trace_smi,
     wait_until,
 )
+from .simnode import rejected
 
 HEALTH = ["--healthcheck-port", "0"]
 F_SETPIPE_SZ = 1031
@@ -75,13 +75,6 @@ def release_fifo(path: Path) -> None:
     os.close(fd)
 
 
-async def rejection(h: FaultHarness, resource: str, containers: list[list[str]]) -> str:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await h.kubelet.allocate(resource, containers)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    return caught.value.details() or ""
-
-
 # ---------------------------------------------------------------- 1. blocking sysfs reads
 async def test_a_blocking_status_read_stalls_only_its_device() -> None:
     async with launch("rebel-4", extra_args=HEALTH) as h:
@@ -106,7 +99,7 @@ async def test_a_blocking_status_read_stalls_only_its_device() -> None:
             # check of it answers at once instead of hanging.
             view = h.kubelet.view(NPU)
             assert view is not None and view.health("rbln1") == "Unhealthy"
-            message = await rejection(h, NPU, [["rbln1"]])
+            message = await rejected(h, NPU, [["rbln1"]])
             assert "rbln1 is UNREADABLE (last read FAULT)" in message
             # One warn for the stuck file, however many scans ran meanwhile.
             assert len(h.daemon.find(STALLED, path=str(status))) == 1
@@ -289,7 +282,7 @@ async def test_a_directory_at_a_device_node_path_fails_the_allocation() -> None:
         node_path = h.node.dev_root / "rbln1"
         node_path.unlink()
         node_path.mkdir()
-        message = await rejection(h, NPU, [["rbln1"]])
+        message = await rejected(h, NPU, [["rbln1"]])
         assert f"{node_path} is a directory, not a device node" in message
         shutil.rmtree(node_path)
         node_path.touch()
