@@ -139,6 +139,14 @@ def _notice_renderer(render: structlog.typing.Processor) -> Callable[[int], str]
     return notice
 
 
+def _stdout_descriptor() -> int:
+    """A duplicate of fd 1; /dev/null when the process was started without a stdout."""
+    try:
+        return os.dup(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+
+
 def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     """Write out queued records (bounded wait); False when stdout stayed blocked."""
     return _sink.flush(timeout) if _sink is not None else True
@@ -150,7 +158,7 @@ def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSett
     settings = resolve_settings(environ)
     renderer = _renderer(settings.format)
     # The real stdout is written through its own descriptor (see logsink).
-    output: TextIO | int = stream if stream is not None else os.dup(sys.stdout.fileno())
+    output: TextIO | int = stream if stream is not None else _stdout_descriptor()
     previous, _sink = _sink, QueuedSink(output, _notice_renderer(renderer))
     if previous is not None:
         previous.close(FLUSH_TIMEOUT_S)
