@@ -142,3 +142,17 @@ class DaemonProcess:
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def settled_fds(self, window: float = 1.5) -> int:
+        """The fewest descriptors seen over ``window`` seconds.
+
+        A scan's ``rbln-smi`` child holds three descriptors (two pipes and a pidfd) for as
+        long as it runs, so one sample can land inside a scan. A leaked descriptor stays
+        open, so the minimum over a window longer than the scan interval still shows it.
+        """
+        deadline = time.monotonic() + window
+        fewest = self.open_fds()
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            fewest = min(fewest, self.open_fds())
+        return fewest

@@ -165,7 +165,8 @@ async def take_baseline(h: FaultHarness, resources: Sequence[str]) -> Baseline:
     for _ in range(3):
         record = await next_reconcile(h.daemon, lambda r: r["streams"] == len(resources))
         tasks.append(int(record["tasks"]))
-    return Baseline(fds=h.daemon.open_fds(), tasks=max(tasks))
+    fds = await asyncio.to_thread(h.daemon.settled_fds)
+    return Baseline(fds=fds, tasks=max(tasks))
 
 
 async def assert_settles(
