@@ -145,11 +145,13 @@ async def test_the_daemon_learns_of_a_restart_without_scanning() -> None:
         await h.kubelet.wait_for(npu, lambda v: len(v.devices) == 4)
         (watching_record,) = await h.daemon.await_log("Watching for kubelet restarts")
         assert watching_record["mode"] == "inotify"
-        scans = len(h.daemon.find("Reconciled device inventory"))
+        # Records reach the test through a pipe, after the kubelet saw the devices: wait.
+        scans = len(await h.daemon.await_log("Reconciled device inventory"))
         for generation in (2, 3):
             await h.kubelet.restart()
             await h.kubelet.wait_for(
                 npu, lambda v, g=generation: v.generation == g and len(v.devices) == 4
             )
         # The restart path rescans once per restart; the hourly schedule did not run.
-        assert len(h.daemon.find("Reconciled device inventory")) == scans + 2
+        rescans = await h.daemon.await_log("Reconciled device inventory", count=scans + 2)
+        assert len(rescans) == scans + 2

@@ -257,7 +257,9 @@ async def test_broken_collector_never_delays_allocations_or_shutdown(mode: str) 
 async def test_disabled_tracing_logs_once_and_starts_no_exporter() -> None:
     async with running("rebel-4", level="info") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        records = h.daemon.find("Distributed tracing disabled; no OTLP endpoint configured")
+        records = await h.daemon.await_log(
+            "Distributed tracing disabled; no OTLP endpoint configured"
+        )
         assert len(records) == 1
         threads = await asyncio.to_thread(_thread_names, h.daemon.proc.pid)
         assert not any("OtelBatch" in name or "otel" in name.lower() for name in threads)
