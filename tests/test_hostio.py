@@ -58,7 +58,7 @@ async def test_a_blocking_read_stalls_only_its_own_item(tmp_path: Path) -> None:
     before, after = make_files(tmp_path, ["a", "b"]), make_files(tmp_path, ["c"])
     fifo = tmp_path / "stuck"
     os.mkfifo(fifo)
-    io = HostIO(timeout=0.3)
+    io = HostIO(timeout=1.0)  # generous: the plain files must be read within it under load
     try:
         results = await io.map(reads([*before, fifo, *after]))
         assert results[:2] == ["a", "b"] and results[3] == "c"
@@ -131,7 +131,7 @@ async def test_a_device_node_check_that_hangs_fails_the_wait_naming_why(
     try:
         with pytest.raises(devnodes.DeviceNodeMissing) as caught:
             await devnodes.wait_for_nodes(
-                [tmp_path / "rbln0", stuck], HostIO(timeout=0.2), timeout=0.5, interval=0.05
+                [tmp_path / "rbln0", stuck], HostIO(timeout=1.0), timeout=1.5, interval=0.05
             )
         assert caught.value.missing == (stuck,)
         assert "did not finish" in str(caught.value) or "still blocked" in str(caught.value)
