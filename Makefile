@@ -7,20 +7,20 @@ PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
 .PHONY: install test lint typecheck pytest proto demo bench soak tools clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -e ./sim
 	touch $(STAMP)
 
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench deployments
-	$(BIN)/ruff format --check src tests bench deployments
+	$(BIN)/ruff check src sim tests bench deployments
+	$(BIN)/ruff format --check src sim tests bench deployments
 
 typecheck: $(STAMP)
-	$(BIN)/mypy src deployments/container/checks.py
+	$(BIN)/mypy src sim/src deployments/container/checks.py
 
 pytest: $(STAMP) tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)

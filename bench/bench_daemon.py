@@ -22,9 +22,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from rbln_device_plugin.sim.kubelet import KubeletStub
-from rbln_device_plugin.sim.layout import Layout, generate, preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.kubelet import KubeletStub
+from rbln_device_plugin_sim.layout import Layout, generate, preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 NPU = "rebellions.ai/npu"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

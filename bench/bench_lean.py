@@ -31,13 +31,13 @@ from typing import Any
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.devicetable import DeviceTable
 from rbln_device_plugin.host import sysfs
 from rbln_device_plugin.host.hostio import HostIO
-from rbln_device_plugin.plugin import socket_name
-from rbln_device_plugin.scan import Scanner
-from rbln_device_plugin.sim.layout import generate
-from rbln_device_plugin.sim.materialize import materialize, short_tempdir
+from rbln_device_plugin.host.scan import Scanner
+from rbln_device_plugin.kubelet.plugin import socket_name
+from rbln_device_plugin.model.devicetable import DeviceTable
+from rbln_device_plugin_sim.layout import generate
+from rbln_device_plugin_sim.node import materialize, short_tempdir
 
 from .bench_daemon import (
     daemon_with_timed_smi,
@@ -187,10 +187,11 @@ async def in_process_allocate_row(calls: int) -> Row:
     """
     import io as textio
 
-    from rbln_device_plugin import config, logs
+    from rbln_device_plugin import config
     from rbln_device_plugin.host import rsd
-    from rbln_device_plugin.plugin import ResourcePlugin
-    from rbln_device_plugin.tracing import NoopTracer
+    from rbln_device_plugin.kubelet.plugin import ResourcePlugin
+    from rbln_device_plugin.telemetry import logs
+    from rbln_device_plugin.telemetry.tracing import NoopTracer
 
     logs.install({logs.LEVEL_ENV: "error"}, stream=textio.StringIO())  # as the bench daemons
     root = short_tempdir("rbln-bench-")

@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from rbln_device_plugin.sim.kubelet import KubeletStub
-from rbln_device_plugin.sim.layout import Layout, SimDevice, generate, make_vfs
+from rbln_device_plugin_sim.kubelet import KubeletStub
+from rbln_device_plugin_sim.layout import Layout, SimDevice, generate, make_vfs
 
 from .bench_daemon import Row, fast_smi, node_with_daemon, rss_mib
 

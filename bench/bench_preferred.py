@@ -29,7 +29,7 @@ from typing import Any
 from grpc import aio
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.sim.layout import Layout
+from rbln_device_plugin_sim.layout import Layout
 
 from .bench_daemon import fast_smi, node_with_daemon
 from .layouts import node_64, node_64_half_unreadable, node_128

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.host.scan import Scanner
 from rbln_device_plugin.host.smi import parse_inventory
 from rbln_device_plugin.host.sysfs import read_statuses
-from rbln_device_plugin.inventory import build_inventory
-from rbln_device_plugin.scan import Scanner
-from rbln_device_plugin.sim.layout import generate
-from rbln_device_plugin.sim.materialize import materialize
+from rbln_device_plugin.model.inventory import build_inventory
+from rbln_device_plugin_sim.layout import generate
+from rbln_device_plugin_sim.node import materialize
 
 SIZES = (32, 64)
 RUNS = 1000

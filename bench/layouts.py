@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from rbln_device_plugin.inventory import Device
-from rbln_device_plugin.sim.layout import Layout, generate
+from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.topology import Candidate, candidate_from_device
+from rbln_device_plugin_sim.layout import Layout, generate
 
 
 def atom_cards(

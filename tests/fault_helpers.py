@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.instancelock import LOCK_NAME
-from rbln_device_plugin.plugin import socket_name
-from rbln_device_plugin.sim.kubelet import KubeletStub
-from rbln_device_plugin.sim.layout import Layout, preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
+from rbln_device_plugin.kubelet.plugin import socket_name
+from rbln_device_plugin.runtime.instancelock import LOCK_NAME
+from rbln_device_plugin_sim.kubelet import KubeletStub
+from rbln_device_plugin_sim.layout import Layout, preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 from .daemon_process import DaemonProcess, Record
 

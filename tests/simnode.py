@@ -11,9 +11,9 @@ from typing import Protocol
 import grpc
 import pytest
 
-from rbln_device_plugin.sim.kubelet import KubeletStub
-from rbln_device_plugin.sim.layout import Layout, preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.kubelet import KubeletStub
+from rbln_device_plugin_sim.layout import Layout, preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 from .daemon_process import DaemonProcess
 

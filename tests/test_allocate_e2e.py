@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin.sim import runtime
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin_sim.state import Fault
 
 from .simnode import Harness, rejected, running
 
@@ -29,7 +28,7 @@ def specs(response: object) -> list[tuple[str, str, str]]:
 
 def groups(h: Harness) -> dict[str, list[str]]:
     """Non-default RSD groups as the simulated rbln-smi holds them: group id -> devices."""
-    return {gid: sorted(names) for gid, names in runtime.groups(h.node).items() if gid != "0"}
+    return {gid: sorted(names) for gid, names in h.node.groups().items() if gid != "0"}
 
 
 async def test_single_container_pf_allocation() -> None:

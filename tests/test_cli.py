@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin import __version__, config, logs
+from rbln_device_plugin import __version__, config
+from rbln_device_plugin.telemetry import logs
 
 from .daemon_process import DaemonProcess
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin import cli, config
+from rbln_device_plugin import config, options
 from rbln_device_plugin.config import format_duration, parse_duration
 
 
 def resolve(argv: list[str], env: dict[str, str] | None = None) -> config.Config:
-    return cli.parse(argv, env or {})
+    return options.parse(argv, env or {})
 
 
 def test_defaults_match_the_documented_table() -> None:
@@ -25,6 +25,7 @@ def test_defaults_match_the_documented_table() -> None:
     assert cfg.dev_root == Path("/dev")
     assert cfg.rbln_smi is None
     assert cfg.rsd_lock_path == Path("/var/run/rbln-rsd-group.lock")
+    assert cfg.test_file_device_nodes is False
 
 
 @pytest.mark.parametrize(
@@ -43,6 +44,8 @@ def test_defaults_match_the_documented_table() -> None:
         ("--dev-root", "DEV_ROOT", "dev_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--rbln-smi", "RBLN_SMI_PATH", "rbln_smi", "/f", "/e", Path("/f"), Path("/e")),
         ("--rsd-lock-path", "RSD_LOCK_PATH", "rsd_lock_path", "/f", "/e", Path("/f"), Path("/e")),
+        ("--test-file-device-nodes", "RBLN_TEST_FILE_DEVICE_NODES", "test_file_device_nodes",
+         "true", "false", True, False),
     ],
 )  # fmt: skip
 def test_flag_beats_env_beats_default(
@@ -55,9 +58,9 @@ def test_flag_beats_env_beats_default(
 
 
 def test_every_option_is_listed_for_deployment_checks() -> None:
-    assert {o.env for o in config.OPTIONS} <= config.ENVIRONMENT_VARIABLES
-    assert "USE_GENERIC_RESOURCE_NAME" in config.ENVIRONMENT_VARIABLES
-    assert "RBLN_DEVICE_PLUGIN_LOG_LEVEL" in config.ENVIRONMENT_VARIABLES
+    assert {o.env for o in config.OPTIONS} <= options.ENVIRONMENT_VARIABLES
+    assert "USE_GENERIC_RESOURCE_NAME" in options.ENVIRONMENT_VARIABLES
+    assert "RBLN_DEVICE_PLUGIN_LOG_LEVEL" in options.ENVIRONMENT_VARIABLES
 
 
 @pytest.mark.parametrize(
@@ -98,16 +101,16 @@ def test_bad_durations_are_rejected(text: str) -> None:
 
 @pytest.mark.parametrize("value", ["0s", "0", "-1s", "banana", "5", "25h"])
 def test_unusable_interval_is_a_usage_error_naming_flag_and_env(value: str) -> None:
-    with pytest.raises(cli.UsageError) as caught:
+    with pytest.raises(options.UsageError) as caught:
         resolve([f"--device-scan-interval={value}"])
     assert "--device-scan-interval / DEVICE_SCAN_INTERVAL" in str(caught.value)
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(options.UsageError):
         resolve([], {"DEVICE_SCAN_INTERVAL": value})
 
 
 @pytest.mark.parametrize("value", ["65536", "99999", "http", "1.5", ""])
 def test_bad_ports_are_usage_errors(value: str) -> None:
-    with pytest.raises(cli.UsageError) as caught:
+    with pytest.raises(options.UsageError) as caught:
         resolve(["--healthcheck-port", value])
     assert "HEALTHCHECK_PORT" in str(caught.value)
 
@@ -120,12 +123,12 @@ def test_negative_port_disables_and_zero_picks_any(value: str, port: int) -> Non
 
 
 def test_positional_arguments_are_rejected() -> None:
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(options.UsageError):
         resolve(["extra"])
 
 
 def test_abbreviated_flags_are_not_guessed() -> None:
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(options.UsageError):
         resolve(["--cdi", "/x"])
 
 
@@ -134,21 +137,21 @@ def test_operator_variable_is_accepted_and_ignored() -> None:
 
 
 def test_kubelet_dir_too_long_for_unix_sockets_is_rejected() -> None:
-    with pytest.raises(cli.UsageError) as caught:
+    with pytest.raises(options.UsageError) as caught:
         resolve(["--kubelet-device-plugin-path", "/" + "d" * 90])
     assert "too long" in str(caught.value)
 
 
 def test_too_long_interval_names_the_limit_in_go_form() -> None:
-    with pytest.raises(cli.UsageError, match="longer than 24h0m0s"):
+    with pytest.raises(options.UsageError, match="longer than 24h0m0s"):
         resolve(["--device-scan-interval", "25h"])
 
 
 @pytest.mark.parametrize("value", ["-1s", "-5m", "-1"])
 def test_a_negative_interval_after_a_space_is_the_same_error_as_after_equals(value: str) -> None:
-    with pytest.raises(cli.UsageError) as spaced:
+    with pytest.raises(options.UsageError) as spaced:
         resolve(["--device-scan-interval", value])
-    with pytest.raises(cli.UsageError) as joined:
+    with pytest.raises(options.UsageError) as joined:
         resolve([f"--device-scan-interval={value}"])
     assert str(spaced.value) == str(joined.value)
     assert "--device-scan-interval / DEVICE_SCAN_INTERVAL" in str(spaced.value)
@@ -160,9 +163,9 @@ def test_a_dash_value_is_taken_by_any_value_flag() -> None:
 
 
 def test_a_missing_value_is_still_a_usage_error() -> None:
-    with pytest.raises(cli.UsageError, match="expected one argument"):
+    with pytest.raises(options.UsageError, match="expected one argument"):
         resolve(["--device-scan-interval", "--cdi-root", "/x"])
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(options.UsageError):
         resolve(["--", "--node-name", "-x"])
 
 
@@ -174,3 +177,10 @@ def test_config_is_frozen_and_describes_itself() -> None:
     assert described["scanInterval"] == "1h30m0s"
     assert described["kubeletDir"] == "/var/lib/kubelet/device-plugins"
     assert described["rblnSmi"] == "(search)"
+
+
+@pytest.mark.parametrize("raw", ["maybe", "yes", "", "2"])
+def test_test_only_device_node_setting_takes_go_booleans_only(raw: str) -> None:
+    with pytest.raises(options.UsageError, match=r"RBLN_TEST_FILE_DEVICE_NODES.*not a boolean"):
+        resolve(["--test-file-device-nodes", raw])
+    assert resolve([], {"RBLN_TEST_FILE_DEVICE_NODES": "T"}).test_file_device_nodes is True

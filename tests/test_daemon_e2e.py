@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin_sim.state import Fault
 
 from .simnode import running
 

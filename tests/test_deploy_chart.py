@@ -24,7 +24,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbln_device_plugin import _build_version, config, logs, tracing
+from rbln_device_plugin import _build_version, config, options
+from rbln_device_plugin.telemetry import logs, tracing
 
 from .daemon_process import DaemonProcess
 
@@ -171,6 +172,8 @@ ALL_VARIANTS = (*VARIANTS, *VALUES_FILES)
 # Variables the CLI reads that the chart leaves at their defaults on purpose: the mounts put
 # sysfs, /dev and rbln-smi where the defaults look. extraEnv can still set them.
 LEFT_AT_DEFAULT = {"SYSFS_ROOT", "DEV_ROOT", "RBLN_SMI_PATH", "RSD_LOCK_PATH"}
+# Test only (the simulated node): the chart never sets it and refuses it in extraEnv.
+TEST_ONLY = {"RBLN_TEST_FILE_DEVICE_NODES"}
 
 
 class Helm:
@@ -668,7 +671,9 @@ def test_extra_env_paths_the_daemon_refuses_are_refused(
     assert "extraEnv" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["CDI_ROOT", "HEALTHCHECK_PORT", "USE_GENERIC_RESOURCE_NAME"])
+@pytest.mark.parametrize(
+    "name", ["CDI_ROOT", "HEALTHCHECK_PORT", "USE_GENERIC_RESOURCE_NAME", *sorted(TEST_ONLY)]
+)
 def test_extra_env_cannot_shadow_a_chart_value(helm: Helm, name: str) -> None:
     done = helm.attempt(*_set_json(f"{PLUGIN}.extraEnv", [{"name": name, "value": "x"}]))
     assert refused_by_chart(done), done.stderr
@@ -761,8 +766,8 @@ def test_scan_interval_helm_and_daemon_agree(
 
 def test_chart_sets_exactly_the_variables_the_cli_reads(rendered: dict[str, str]) -> None:
     set_by_chart = set(env_of(plugin_container(daemonset(rendered["otlp"]))))
-    assert set_by_chart <= config.ENVIRONMENT_VARIABLES, "chart sets variables the CLI ignores"
-    assert set_by_chart == config.ENVIRONMENT_VARIABLES - LEFT_AT_DEFAULT
+    assert set_by_chart <= options.ENVIRONMENT_VARIABLES, "chart sets variables the CLI ignores"
+    assert set_by_chart == options.ENVIRONMENT_VARIABLES - LEFT_AT_DEFAULT - TEST_ONLY
 
 
 def _daemon_args(tmp: Path) -> list[str]:

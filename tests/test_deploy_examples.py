@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rbln_device_plugin import inventory
+from rbln_device_plugin.model import inventory
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

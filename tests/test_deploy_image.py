@@ -460,7 +460,7 @@ def test_image_build_version_reaches_version_start_record_and_traces(
     # service.version on the traces' resource.
     probe = (
         "import os\n"
-        "from rbln_device_plugin import tracing\n"
+        "from rbln_device_plugin.telemetry import tracing\n"
         "t = tracing._build(tracing.Endpoint('127.0.0.1:9', insecure=True), 'node-a')\n"
         "print(t._provider.resource.attributes['service.version'], flush=True)\n"
         "os._exit(0)\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin import inventory
+from rbln_device_plugin.model import inventory
 
 from .daemon_process import DaemonProcess
 

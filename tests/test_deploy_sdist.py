@@ -14,8 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Directories the tests read besides src/: the chart, the image sources and fetch-tools.sh,
-# the example pods, the simulated-node layouts in bench/, and the tests themselves.
-NEEDED = ("deployments", "examples", "bench", "tests", "proto")
+# the example pods, the simulator project, the node layouts in bench/, and the tests.
+NEEDED = ("deployments", "examples", "bench", "tests", "proto", "sim")
 DEPLOY_TESTS = ("test_deploy_chart", "test_deploy_image", "test_deploy_examples",
                 "test_deploy_tools")  # fmt: skip
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rbln_device_plugin.devicetable import DeviceTable
-from rbln_device_plugin.health import Health, StatusReading
-from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.model.devicetable import DeviceTable
+from rbln_device_plugin.model.health import Health, StatusReading
+from rbln_device_plugin.model.inventory import Device
 
 
 def dev(name: str, numa: int | None = 0) -> Device:

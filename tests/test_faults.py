@@ -21,10 +21,10 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from rbln_device_plugin.plugin import socket_name
-from rbln_device_plugin.sim.kubelet import ResourceView
-from rbln_device_plugin.sim.materialize import SimNode
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin.kubelet.plugin import socket_name
+from rbln_device_plugin_sim.kubelet import ResourceView
+from rbln_device_plugin_sim.node import SimNode
+from rbln_device_plugin_sim.state import Fault
 
 from .fault_helpers import (
     NPU,

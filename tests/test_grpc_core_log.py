@@ -7,15 +7,15 @@ import subprocess
 import sys
 import textwrap
 
-from rbln_device_plugin.grpc_core_log import MAX_LINE_BYTES
+from rbln_device_plugin.telemetry.grpc_relay import MAX_LINE_BYTES
 
 _CHILD = textwrap.dedent(
     """
     import os, sys
-    from rbln_device_plugin import grpc_core_log, logs
+    from rbln_device_plugin.telemetry import grpc_relay, logs
 
     logs.install(os.environ)
-    relay = grpc_core_log.install()
+    relay = grpc_relay.install()
     assert relay is not None
     os.write(2, sys.argv[1].encode().decode("unicode_escape").encode("latin-1"))
     print("python-level stderr", file=sys.stderr)

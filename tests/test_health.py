@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rbln_device_plugin.health import (
+from rbln_device_plugin.model.health import (
     HEALTHY,
     UNHEALTHY,
     Health,

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rbln_device_plugin.healthcheck import HealthcheckError, HealthService
+from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 
 import rbln_device_plugin
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.plugin import socket_name
-from rbln_device_plugin.sim.kubelet import KubeletStub
-from rbln_device_plugin.sim.layout import preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin.kubelet.plugin import socket_name
+from rbln_device_plugin_sim.kubelet import KubeletStub
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
 from .fault_helpers import NPU, BackgroundLoop, lock_is_free
@@ -347,9 +347,10 @@ def _outside(h: Hostile, event: str, path: str) -> bool:
     full = os.path.normpath(os.path.join(str(h.node.root), path))
     if full == "/dev/null":
         return False
-    if event == "os.listdir" and full == os.getcwd():
-        # `python -m` puts the working directory first on sys.path; the import system
-        # lists it once to fill its cache. Nothing in it is opened.
+    if event == "os.listdir" and full in (os.getcwd(), *(os.path.realpath(p) for p in sys.path)):
+        # The import system lists each sys.path entry once to fill its cache: the working
+        # directory (`python -m` puts it first) and, in a development install, the
+        # simulator's source directory. Nothing in them is opened.
         return False
     return not any(full == root or full.startswith(root + os.sep) for root in h.allowed_roots())
 

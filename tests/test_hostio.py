@@ -121,17 +121,21 @@ async def test_a_device_node_check_that_hangs_fails_the_wait_naming_why(
     real = devnodes.node_kind
     stuck = tmp_path / "rsd7"
 
-    def node_kind(path: Path) -> str | None:
+    def node_kind(path: Path, accept_files: bool = False) -> str | None:
         if path == stuck:
             release.wait(30)
-        return real(path)
+        return real(path, accept_files)
 
     monkeypatch.setattr(devnodes, "node_kind", node_kind)
     (tmp_path / "rbln0").touch()
     try:
         with pytest.raises(devnodes.DeviceNodeMissing) as caught:
             await devnodes.wait_for_nodes(
-                [tmp_path / "rbln0", stuck], HostIO(timeout=1.0), timeout=1.5, interval=0.05
+                [tmp_path / "rbln0", stuck],
+                HostIO(timeout=1.0),
+                timeout=1.5,
+                interval=0.05,
+                accept_files=True,
             )
         assert caught.value.missing == (stuck,)
         assert "did not finish" in str(caught.value) or "still blocked" in str(caught.value)

@@ -30,18 +30,18 @@ from typing import Any
 import jsonschema
 import pytest
 
-from rbln_device_plugin import inspect_cli
 from rbln_device_plugin.host.smi import DEFAULT_CANDIDATES
-from rbln_device_plugin.sim.demo import DemoConfig, run_demo
-from rbln_device_plugin.sim.layout import Layout, preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin.inspect import command
+from rbln_device_plugin_sim.demo import DemoConfig, run_demo
+from rbln_device_plugin_sim.layout import Layout, preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.state import Fault
 
 from .simnode import running
 
 BIN = Path(sys.executable).parent / "rbln-device-plugin"
 SCHEMA = json.loads(
-    (resources.files("rbln_device_plugin") / "inspect-report.schema.json").read_text()
+    (resources.files("rbln_device_plugin.inspect") / "report.schema.json").read_text()
 )
 NPU, VF1, VF4 = "rebellions.ai/npu", "rebellions.ai/npu-vf1", "rebellions.ai/npu-vf4"
 # The daemon's own variables, which a developer's shell might set.
@@ -686,9 +686,9 @@ def test_an_internal_error_is_one_record_on_stderr_never_a_bare_traceback(
     def broken(_: object) -> None:
         raise RuntimeError("a bug in the report")
 
-    monkeypatch.setattr(inspect_cli, "build_report", broken)
+    monkeypatch.setattr(command, "build_report", broken)
     args = ["--sysfs-root", str(tmp_path), "--rbln-smi", str(tmp_path / "rbln-smi")]
-    assert inspect_cli.main(args, environ={}) == 1
+    assert command.main(args, environ={}) == 1
     out, err = capsys.readouterr()
     assert out == ""
     (line,) = err.splitlines()
@@ -703,6 +703,6 @@ def test_ctrl_c_exits_130_quietly(
     def interrupted(_: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(inspect_cli, "gather", interrupted)
-    assert inspect_cli.main(["--sysfs-root", str(tmp_path)], environ={}) == 130
+    monkeypatch.setattr(command, "gather", interrupted)
+    assert command.main(["--sysfs-root", str(tmp_path)], environ={}) == 130
     assert capsys.readouterr() == ("", "")

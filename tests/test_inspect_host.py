@@ -29,9 +29,9 @@ from rbln_device_plugin.host.sysfs import (
     read_device_facts,
     read_pci_path,
 )
-from rbln_device_plugin.inventory import SmiRecord, screen_records, select_records
-from rbln_device_plugin.sim.layout import preset
-from rbln_device_plugin.sim.materialize import materialize, short_tempdir
+from rbln_device_plugin.model.inventory import SmiRecord, screen_records, select_records
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import materialize, short_tempdir
 
 from .test_sysfs import add_pci_device
 

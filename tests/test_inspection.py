@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from rbln_device_plugin.health import StatusReading
 from rbln_device_plugin.host.smi import parse_entries
 from rbln_device_plugin.host.sysfs import SysfsDevice
-from rbln_device_plugin.inspection import (
+from rbln_device_plugin.inspect.render import render_table, to_document
+from rbln_device_plugin.inspect.report import (
     HostFacts,
     Report,
     Row,
@@ -28,8 +28,8 @@ from rbln_device_plugin.inspection import (
     explain_preferred,
     wanted_reads,
 )
-from rbln_device_plugin.inspection_render import render_table, to_document
-from rbln_device_plugin.inventory import DeviceFacts, SriovFacts
+from rbln_device_plugin.model.health import StatusReading
+from rbln_device_plugin.model.inventory import DeviceFacts, SriovFacts
 from rbln_device_plugin.topology import Candidate, candidate_from_device, score
 
 READY = StatusReading(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rbln_device_plugin.inventory import (
+from rbln_device_plugin.model.inventory import (
     RESOURCE_NPU,
     RESOURCE_NPU_VF1,
     RESOURCE_NPU_VF4,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin import kubeletwatch
 from rbln_device_plugin.host import inotify
-from rbln_device_plugin.kubeletwatch import KubeletSocketWatch
+from rbln_device_plugin.kubelet import watch
+from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
 
 
 class Kubelet:
@@ -65,7 +65,7 @@ def no_inotify(monkeypatch: pytest.MonkeyPatch) -> None:
         raise inotify.InotifyUnavailable(95, "operation not supported")
 
     monkeypatch.setattr(inotify, "DirectoryWatch", refuse)
-    monkeypatch.setattr(kubeletwatch, "FALLBACK_POLL_S", 0.1)
+    monkeypatch.setattr(watch, "FALLBACK_POLL_S", 0.1)
 
 
 @pytest.mark.parametrize("mode", ["inotify", "poll"])

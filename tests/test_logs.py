@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rbln_device_plugin import logs
+from rbln_device_plugin.telemetry import logs
 
 
 def install(env: dict[str, str]) -> tuple[io.StringIO, logs.LogSettings]:

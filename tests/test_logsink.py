@@ -7,7 +7,7 @@ import json
 import os
 import threading
 
-from rbln_device_plugin.logsink import QueuedSink
+from rbln_device_plugin.telemetry.logsink import QueuedSink
 
 F_SETPIPE_SZ = 1031
 

@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from rbln_device_plugin import cli
-from rbln_device_plugin.inventory import RESOURCE_NPU, Device
-from rbln_device_plugin.manager import Manager
-from rbln_device_plugin.scan import DiscoveryError, ScanResult
-from rbln_device_plugin.sim.kubelet import KubeletStub
-from rbln_device_plugin.tracing import disabled
+from rbln_device_plugin import options
+from rbln_device_plugin.host.scan import DiscoveryError, ScanResult
+from rbln_device_plugin.model.inventory import RESOURCE_NPU, Device
+from rbln_device_plugin.runtime.manager import Manager
+from rbln_device_plugin.telemetry.tracing import disabled
+from rbln_device_plugin_sim.kubelet import KubeletStub
 
 
 def device(index: int) -> Device:
@@ -42,7 +42,7 @@ class ScriptedScanner:
 async def run_manager(
     tmp: Path, scanner: ScriptedScanner, until: Callable[[], bool], interval: str = "50ms"
 ) -> tuple[Manager, KubeletStub]:
-    config = cli.parse(
+    config = options.parse(
         ["--kubelet-device-plugin-path", str(tmp / "kubelet"), "--cdi-root", str(tmp / "cdi"),
          "--sysfs-root", str(tmp / "sys"), "--dev-root", str(tmp / "dev"),
          f"--device-scan-interval={interval}"],

@@ -11,12 +11,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from bench.layouts import node_64_half_unreadable
-from rbln_device_plugin import preferred
 from rbln_device_plugin.api.v1beta1 import api_pb2
-from rbln_device_plugin.devicetable import DeviceTable
-from rbln_device_plugin.health import StatusReading
-from rbln_device_plugin.inventory import Device
-from rbln_device_plugin.sim.layout import SimDevice
+from rbln_device_plugin.kubelet import preferred
+from rbln_device_plugin.model.devicetable import DeviceTable
+from rbln_device_plugin.model.health import StatusReading
+from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin_sim.layout import SimDevice
 
 
 def device(sim: SimDevice) -> Device:
@@ -49,12 +49,12 @@ def request(
 
 def test_the_allocator_is_reused_until_the_devices_change() -> None:
     t = table(DEVICES)
-    first = preferred.allocator_for(t)
+    first = preferred.topology_for(t)
     t.apply_scan(DEVICES, readings(DEVICES, 1))  # health changed, devices did not
-    assert preferred.allocator_for(t) is first
+    assert preferred.topology_for(t) is first
     moved = [dataclasses.replace(DEVICES[0], numa=1), *DEVICES[1:]]
     t.apply_scan(moved, readings(moved, 0))
-    rebuilt = preferred.allocator_for(t)
+    rebuilt = preferred.topology_for(t)
     assert rebuilt is not first and rebuilt.candidates["rbln0"].numa == 1
 
 

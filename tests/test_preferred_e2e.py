@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from rbln_device_plugin.sim.layout import Layout, SimDevice, preset
+from rbln_device_plugin_sim.layout import Layout, SimDevice, preset
 
 from .simnode import running
 

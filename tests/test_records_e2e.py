@@ -10,7 +10,7 @@ import re
 import stat
 from pathlib import Path
 
-from rbln_device_plugin.sim.layout import generate
+from rbln_device_plugin_sim.layout import generate
 
 from .daemon_process import DaemonProcess
 from .simnode import running

@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from rbln_device_plugin.host.devnodes import DeviceNodeMissing, wait_for_nodes
+from rbln_device_plugin.host.devnodes import (
+    DeviceNodeMissing,
+    NotADeviceNode,
+    node_kind,
+    wait_for_nodes,
+)
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.rsd import (
     GroupEntry,
@@ -120,8 +125,9 @@ class FakeNode:
 
     async def recreate(self, bus_ids: list[str], **kw: Any) -> RsdGroup:
         return await recreate_rsd_group(
-            self.smi, bus_ids, HostIO(), lock_path=self.lock, dev_root=self.dev, **kw
-        )
+            self.smi, bus_ids, HostIO(), lock_path=self.lock, dev_root=self.dev,
+            accept_file_nodes=True, **kw,
+        )  # fmt: skip
 
 
 @pytest.fixture
@@ -365,15 +371,30 @@ async def test_lock_waits_for_a_short_holder(tmp_path: Path) -> None:
 async def test_wait_for_nodes_returns_once_nodes_appear(tmp_path: Path) -> None:
     target = tmp_path / "rsd3"
     asyncio.get_running_loop().call_later(0.2, target.touch)
-    await wait_for_nodes([target], HostIO(), timeout=5, interval=0.05)
+    await wait_for_nodes([target], HostIO(), timeout=5, interval=0.05, accept_files=True)
     assert target.exists()
+
+
+async def test_a_regular_file_is_not_a_device_node_unless_the_test_setting_allows_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "rbln0").touch()
+    # NotADeviceNode, not DeviceNodeMissing: refused at the first look, not waited out.
+    with pytest.raises(NotADeviceNode, match="rbln0 is a regular file, not a device node"):
+        await wait_for_nodes([tmp_path / "rbln0"], HostIO(), timeout=30)
+    await wait_for_nodes([tmp_path / "rbln0"], HostIO(), timeout=0, accept_files=True)
+    assert node_kind(Path("/dev/null")) is None  # a character device always counts
 
 
 async def test_wait_for_nodes_names_the_missing_ones(tmp_path: Path) -> None:
     (tmp_path / "rbln0").touch()
     with pytest.raises(DeviceNodeMissing) as info:
         await wait_for_nodes(
-            [tmp_path / "rbln0", tmp_path / "rbln1"], HostIO(), timeout=0.2, interval=0.05
+            [tmp_path / "rbln0", tmp_path / "rbln1"],
+            HostIO(),
+            timeout=0.2,
+            interval=0.05,
+            accept_files=True,
         )
     assert info.value.missing == (tmp_path / "rbln1",)
     assert "rbln1 did not appear within 0.2 s" in str(info.value)
@@ -381,19 +402,23 @@ async def test_wait_for_nodes_names_the_missing_ones(tmp_path: Path) -> None:
 
 async def test_wait_for_nodes_zero_timeout_checks_once(tmp_path: Path) -> None:
     (tmp_path / "x").touch()
-    await wait_for_nodes([tmp_path / "x"], HostIO(), timeout=0)
+    await wait_for_nodes([tmp_path / "x"], HostIO(), timeout=0, accept_files=True)
     with pytest.raises(DeviceNodeMissing):
-        await wait_for_nodes([tmp_path / "y"], HostIO(), timeout=0)
+        await wait_for_nodes([tmp_path / "y"], HostIO(), timeout=0, accept_files=True)
 
 
 # --------------------------------------------------------------------- simulated node
 async def test_recreate_against_the_simulated_node(short_tmp: Path) -> None:
-    from rbln_device_plugin.sim.layout import preset
-    from rbln_device_plugin.sim.materialize import materialize
+    from rbln_device_plugin_sim.layout import preset
+    from rbln_device_plugin_sim.node import materialize
 
     sim = materialize(preset("rebel-sriov"), short_tmp / "node")
     vfs = [d.bus_id for d in sim.layout.devices if d.name.startswith("rbln0-")]
-    kwargs: dict[str, Any] = {"lock_path": sim.rsd_lock_path, "dev_root": sim.dev_root}
+    kwargs: dict[str, Any] = {
+        "lock_path": sim.rsd_lock_path,
+        "dev_root": sim.dev_root,
+        "accept_file_nodes": True,
+    }
     first = await recreate_rsd_group(sim.smi_path, vfs[:2], HostIO(), **kwargs)
     second = await recreate_rsd_group(sim.smi_path, vfs[2:], HostIO(), **kwargs)
     again = await recreate_rsd_group(sim.smi_path, vfs[:2], HostIO(), **kwargs)

@@ -18,9 +18,9 @@ import pytest
 
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.rsd import RsdError, recreate_rsd_group
-from rbln_device_plugin.sim.layout import preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize
+from rbln_device_plugin_sim.state import Fault
 
 from .fault_helpers import groups_are_consistent, smi_calls, trace_smi
 
@@ -48,6 +48,7 @@ async def recreate(node: SimNode, bus_ids: list[str], *, full: bool) -> str:
             lock_path=node.rsd_lock_path,
             dev_root=node.dev_root,
             always_relist=full,
+            accept_file_nodes=True,
         )
     except RsdError as exc:
         # The same words; only the node's path and the measured duration may differ.

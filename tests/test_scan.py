@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from rbln_device_plugin.host.scan import DiscoveryError, Scanner, ScanResult
 from rbln_device_plugin.host.sysfs import read_status
-from rbln_device_plugin.inventory import RESOURCE_NPU, RESOURCE_NPU_VF4
-from rbln_device_plugin.scan import DiscoveryError, Scanner, ScanResult
+from rbln_device_plugin.model.inventory import RESOURCE_NPU, RESOURCE_NPU_VF4
 
 
 class Node:

@@ -15,10 +15,10 @@ from typing import TypeVar
 import pytest
 
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
-from rbln_device_plugin.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
-from rbln_device_plugin.scan import Scanner, ScanResult
-from rbln_device_plugin.sim.layout import preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize
+from rbln_device_plugin.host.scan import Scanner, ScanResult
+from rbln_device_plugin.model.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize
 
 T = TypeVar("T")
 
@@ -126,7 +126,7 @@ async def test_a_pci_link_that_never_resolves_costs_only_that_devices_path(
     """realpath on a hung mount: no FIFO can make it block, so the reader is held here."""
     import threading
 
-    from rbln_device_plugin import scan
+    from rbln_device_plugin.host import scan
 
     node = materialize(preset("rebel-4"), short_tmp / "node")
     stuck_bus = node.layout.device("rbln2").bus_id

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from rbln_device_plugin.host.scan import DiscoveryError, Scanner, ScanResult
 from rbln_device_plugin.host.sysfs import read_status
-from rbln_device_plugin.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
-from rbln_device_plugin.scan import DiscoveryError, Scanner, ScanResult
-from rbln_device_plugin.sim.layout import preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin.model.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize
+from rbln_device_plugin_sim.state import Fault
 
 
 @pytest.fixture

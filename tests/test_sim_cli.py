@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin.sim.layout import PRESETS
-from rbln_device_plugin.sim.materialize import SimNode, short_tempdir
+from rbln_device_plugin_sim.layout import PRESETS
+from rbln_device_plugin_sim.node import SimNode, short_tempdir
 
-SIM = [sys.executable, "-c", "import sys; from rbln_device_plugin.sim.cli import main; "
+SIM = [sys.executable, "-c", "import sys; from rbln_device_plugin_sim.cli import main; "
        "sys.exit(main())"]  # fmt: skip
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin.sim.demo import DemoConfig, run_demo
-from rbln_device_plugin.sim.materialize import SimNode
+from rbln_device_plugin_sim.demo import DemoConfig, run_demo
+from rbln_device_plugin_sim.node import SimNode
 
 # A minimal device plugin speaking the real API: enough to walk through the demo.
 FAKE_DAEMON = r"""

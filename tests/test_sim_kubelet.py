@@ -13,8 +13,8 @@ import pytest
 from grpc import aio
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.sim.kubelet import KubeletStub, ResourceView
-from rbln_device_plugin.sim.materialize import short_tempdir
+from rbln_device_plugin_sim.kubelet import KubeletStub, ResourceView
+from rbln_device_plugin_sim.node import short_tempdir
 
 RESOURCE = "rebellions.ai/npu"
 ENDPOINT = "rbln-device-plugin-rebellions-ai-npu.sock"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin.sim.layout import PRESETS, Layout, LayoutError, SimDevice, generate, preset
-from rbln_device_plugin.sim.materialize import SimError, SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.layout import PRESETS, Layout, LayoutError, SimDevice, generate, preset
+from rbln_device_plugin_sim.node import SimError, SimNode, materialize, short_tempdir
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from rbln_device_plugin.sim.layout import preset
-from rbln_device_plugin.sim.materialize import SimNode, materialize, short_tempdir
-from rbln_device_plugin.sim.state import Fault, StateError
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.state import Fault, StateError
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin.sim.cli import main as sim_main
-from rbln_device_plugin.sim.layout import SimDevice, preset
-from rbln_device_plugin.sim.materialize import SimError, SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.cli import main as sim_main
+from rbln_device_plugin_sim.layout import SimDevice, preset
+from rbln_device_plugin_sim.node import SimError, SimNode, materialize, short_tempdir
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from rbln_device_plugin import logs
 from rbln_device_plugin.host.smi import (
     DiscoveryError,
     SmiError,
@@ -23,6 +22,7 @@ from rbln_device_plugin.host.smi import (
     run_smi,
     trim_output,
 )
+from rbln_device_plugin.telemetry import logs
 
 SAMPLE: dict[str, Any] = {
     "KMD_version": "1.3.73",

@@ -24,9 +24,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.instancelock import LOCK_NAME
-from rbln_device_plugin.plugin import socket_name
-from rbln_device_plugin.sim.state import Fault
+from rbln_device_plugin.kubelet.plugin import socket_name
+from rbln_device_plugin.runtime.instancelock import LOCK_NAME
+from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
 from .fault_helpers import (
@@ -113,7 +113,7 @@ async def test_a_blocking_status_read_stalls_only_its_device() -> None:
 
 async def test_a_blocking_sriov_file_skips_only_that_device() -> None:
     def wedge(node: object) -> None:
-        from rbln_device_plugin.sim.materialize import SimNode
+        from rbln_device_plugin_sim.node import SimNode
 
         assert isinstance(node, SimNode)
         bus_id = next(d.bus_id for d in node.layout.devices if d.name == "rbln3")
@@ -288,6 +288,18 @@ async def test_a_directory_at_a_device_node_path_fails_the_allocation() -> None:
         node_path.touch()
         response = await h.kubelet.allocate(NPU, [["rbln1"]])
         assert len(response.container_responses) == 1
+        # The simulated node's regular files pass only under the test-only setting, and
+        # the daemon says so at start.
+        (warning,) = h.daemon.find("Test-only setting enabled: regular files pass as device nodes")
+        assert warning["level"] == "warn"
+
+
+async def test_a_regular_file_is_no_device_node_without_the_test_only_setting() -> None:
+    async with launch("rebel-4", extra_args=["--test-file-device-nodes", "false"]) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        message = await rejected(h, NPU, [["rbln1"]])
+        assert f"{h.node.dev_root / 'rbln1'} is a regular file, not a device node" in message
+        assert not h.daemon.find("Test-only setting enabled: regular files pass as device nodes")
 
 
 # ---------------------------------------------------------------- 9. metadata changes

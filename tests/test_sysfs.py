@@ -9,7 +9,7 @@ import pytest
 
 from rbln_device_plugin.host import sysfs as sysfs_module
 from rbln_device_plugin.host.sysfs import read_device_facts, read_pci_path, read_sriov, read_status
-from rbln_device_plugin.inventory import SriovFacts
+from rbln_device_plugin.model.inventory import SriovFacts
 
 
 def add_pci_device(root: Path, chain: list[str]) -> Path:

@@ -38,7 +38,7 @@ def test_modules_import_in_one_direction() -> None:
     assert sorted(p.stem for p in PACKAGE.glob("*.py")) == sorted([*LAYERS, "__init__"])
     for position, name in enumerate(LAYERS):
         allowed = {f"rbln_device_plugin.topology.{earlier}" for earlier in LAYERS[:position]}
-        allowed.add("rbln_device_plugin.inventory")  # Device and the SID rule (pure)
+        allowed.add("rbln_device_plugin.model.inventory")  # Device and the SID rule (pure)
         imports = _project_imports(PACKAGE / f"{name}.py")
         assert imports <= allowed, f"{name} imports {sorted(imports - allowed)}"
 

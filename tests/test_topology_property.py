@@ -15,7 +15,7 @@ import random
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rbln_device_plugin.inventory import Device
+from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.topology import (
     Candidate,
     Fallback,

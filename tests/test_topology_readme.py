@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rbln_device_plugin.inventory import Device, sid_is_known
+from rbln_device_plugin.model.inventory import Device, sid_is_known
 from rbln_device_plugin.topology import (
     Candidate,
     PciForest,

@@ -12,9 +12,9 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from rbln_device_plugin.allocate import MAX_UNWORKED_CONTAINER_SPANS
-from rbln_device_plugin.sim.state import Fault
-from rbln_device_plugin.tracing import EndpointError, parse_endpoint
+from rbln_device_plugin.kubelet.allocate import MAX_UNWORKED_CONTAINER_SPANS
+from rbln_device_plugin.telemetry.tracing import EndpointError, parse_endpoint
+from rbln_device_plugin_sim.state import Fault
 
 from .simnode import running
 

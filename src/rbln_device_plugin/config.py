@@ -1,8 +1,8 @@
 """The resolved configuration: one frozen object, validated apart from the daemon.
 
 Every option is a flag with an environment variable and a default; a flag beats its
-variable, which beats the default. Nothing outside this module and ``logs`` reads the
-environment.
+variable, which beats the default. Nothing outside this module and ``telemetry.logs``
+reads the environment (``options`` turns a command line into the flag values).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
-# Environment variables read elsewhere, listed so the deployment can be checked against them.
-LOG_LEVEL_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
-LOG_FORMAT_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_FORMAT"
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
-# strconv.ParseBool's false spellings: what the Go plugin would have read as "false".
+# strconv.ParseBool's spellings: how Go programs (and the operator) write booleans.
 _GO_FALSE: Final = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+_GO_TRUE: Final = frozenset({"1", "t", "T", "true", "TRUE", "True"})
 
 
 def legacy_names_requested(environ: Mapping[str, str]) -> str | None:
@@ -152,11 +150,10 @@ OPTIONS: Final[tuple[Option, ...]] = (
            shown_default="search"),
     Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
            "lock file serialising RSD group changes between processes", "PATH"),
+    Option("test_file_device_nodes", "--test-file-device-nodes", "RBLN_TEST_FILE_DEVICE_NODES",
+           "false", "TEST ONLY (the simulated node): accept regular files where device nodes "
+           "belong; never set it on a real node", "BOOL"),
 )  # fmt: skip
-
-ENVIRONMENT_VARIABLES: Final[frozenset[str]] = frozenset(
-    {option.env for option in OPTIONS} | {LOG_LEVEL_ENV, LOG_FORMAT_ENV, IGNORED_ENV}
-)
 
 _UNIX_SOCKET_PATH_MAX: Final = 107
 _LONGEST_SOCKET_NAME: Final = "rbln-device-plugin-rebellions-ai-npu-vf4.sock"
@@ -174,6 +171,9 @@ class Config:
     dev_root: Path
     rbln_smi: Path | None
     rsd_lock_path: Path
+    # Test only: a regular file counts as a device node (the simulated node has no
+    # character devices). Off in production, and the chart never sets it.
+    test_file_device_nodes: bool = False
 
     @property
     def healthcheck_enabled(self) -> bool:
@@ -240,6 +240,15 @@ def _text(option: Option, raw: str) -> str:
     return raw.strip()
 
 
+def _bool(option: Option, raw: str) -> bool:
+    text = raw.strip()
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise ConfigError(f"{_label(option)}: {raw!r} is not a boolean (true or false)")
+
+
 def _optional_path(option: Option, raw: str) -> Path | None:
     return _path(option, raw) if raw.strip() else None
 
@@ -255,6 +264,7 @@ _CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
     "dev_root": _path,
     "rbln_smi": _optional_path,
     "rsd_lock_path": _path,
+    "test_file_device_nodes": _bool,
 }
 
 

@@ -1,8 +1,10 @@
 """Waiting for device nodes that the driver creates asynchronously (e.g. /dev/rsd<G>).
 
-Only a character device counts as a device node (or a regular file: the simulated node
-uses those); a directory or anything else at the path fails at once, naming it. The
-checks run off the event loop with a bounded wait, like every other host access.
+Only a character device counts as a device node. A directory, a regular file or anything
+else at the path fails at once, naming it; only the test-only setting
+``--test-file-device-nodes`` lets a regular file pass, for the simulated node, which
+cannot create character devices without root. The checks run off the event loop with a
+bounded wait, like every other host access.
 """
 
 from __future__ import annotations
@@ -42,16 +44,21 @@ class NotADeviceNode(Exception):
         super().__init__(f"{path} is a {kind}, not a device node")
 
 
-def node_kind(path: Path) -> str | None:
-    """None when ``path`` is usable as a device node; else what it is ("missing", ...)."""
+def node_kind(path: Path, accept_files: bool = False) -> str | None:
+    """None when ``path`` is usable as a device node; else what it is ("missing", ...).
+
+    ``accept_files``: a regular file is usable too (test only; see the module docstring).
+    """
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
         return f"unreadable entry ({exc.strerror or exc})"
-    if stat.S_ISCHR(mode) or stat.S_ISREG(mode):
+    if stat.S_ISCHR(mode) or (accept_files and stat.S_ISREG(mode)):
         return None
+    if stat.S_ISREG(mode):
+        return "regular file"
     if stat.S_ISDIR(mode):
         return "directory"
     if stat.S_ISBLK(mode):
@@ -68,6 +75,8 @@ async def wait_for_nodes(
     hostio: HostIO,
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 - a polling budget, not a call deadline
     interval: float = DEFAULT_INTERVAL_S,
+    *,
+    accept_files: bool = False,
 ) -> None:
     """Poll until every path is a device node; raise DeviceNodeMissing after ``timeout``.
 
@@ -78,7 +87,9 @@ async def wait_for_nodes(
     missing = tuple(paths)
     why = ""
     while True:
-        kinds = await hostio.map([Call(str(p), partial(node_kind, p)) for p in missing])
+        kinds = await hostio.map(
+            [Call(str(p), partial(node_kind, p, accept_files)) for p in missing]
+        )
         still: list[Path] = []
         for path, kind in zip(missing, kinds, strict=True):
             if kind is None:

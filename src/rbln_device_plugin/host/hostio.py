@@ -17,15 +17,15 @@ thread and one timeout, not one per scan.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
-from rbln_device_plugin.logs import get_logger
+from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.waits import call_soon_threadsafe, set_result_threadsafe
 
 T = TypeVar("T")
 
@@ -128,10 +128,10 @@ class HostIO:
         finished = loop.create_future()
 
         def done() -> None:
-            _call_soon(loop, _resolve, finished)
+            set_result_threadsafe(loop, finished, None)
 
         def released(key: str) -> None:
-            _call_soon(loop, self._release, key)
+            call_soon_threadsafe(loop, self._release, key)
 
         batch = _Batch(calls, done)  # type: ignore[arg-type]
         self._submit(batch, released)
@@ -235,14 +235,3 @@ def _work(batch: _Batch, released: Callable[[str], None]) -> bool:
     with batch.lock:
         batch.next = len(batch.calls)
     return True
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
-    # A read stuck past the loop's end (the daemon is exiting) has nobody left to tell.
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(callback, *args)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -33,8 +33,8 @@ from rbln_device_plugin.host.devnodes import DeviceNodeMissing, NotADeviceNode, 
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.host.smi import DiscoveryError, SmiError, load_devices, run_smi
-from rbln_device_plugin.inventory import is_valid_bus_id
-from rbln_device_plugin.logs import get_logger
+from rbln_device_plugin.model.inventory import is_valid_bus_id
+from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
 
@@ -194,11 +194,13 @@ async def recreate_rsd_group(
     node_timeout: float = NODE_TIMEOUT_S,
     node_poll: float = NODE_POLL_S,
     always_relist: bool = False,
+    accept_file_nodes: bool = False,
 ) -> RsdGroup:
     """Put exactly ``bus_ids`` into a new RSD group and wait for its device node.
 
     ``always_relist`` runs the reference four-step sequence even when nothing is
-    destroyed (tests compare the two).
+    destroyed (tests compare the two); ``accept_file_nodes`` lets a regular file stand
+    for the group's device node (test only, see ``devnodes``).
     """
     started = time.monotonic()
     wanted = sorted({bus_id.lower() for bus_id in bus_ids})
@@ -233,7 +235,13 @@ async def recreate_rsd_group(
         )
         host_path = dev_root / f"rsd{group_id}"
         try:
-            await wait_for_nodes([host_path], hostio, timeout=node_timeout, interval=node_poll)
+            await wait_for_nodes(
+                [host_path],
+                hostio,
+                timeout=node_timeout,
+                interval=node_poll,
+                accept_files=accept_file_nodes,
+            )
         except (DeviceNodeMissing, NotADeviceNode) as exc:
             raise RsdError(f"created group {group_id}, but {exc}") from exc
     fields: dict[str, Any] = {

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from rbln_device_plugin.inventory import Problem, SmiRecord
-from rbln_device_plugin.logs import get_logger
+from rbln_device_plugin.model.inventory import Problem, SmiRecord
+from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
 

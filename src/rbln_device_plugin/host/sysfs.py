@@ -16,9 +16,14 @@ from functools import partial
 from pathlib import Path
 from typing import Final
 
-from rbln_device_plugin.health import MAX_STATUS_CHARS, StatusReading, parse_status
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
-from rbln_device_plugin.inventory import DeviceFacts, SriovFacts, is_valid_bus_id, is_valid_name
+from rbln_device_plugin.model.health import MAX_STATUS_CHARS, StatusReading, parse_status
+from rbln_device_plugin.model.inventory import (
+    DeviceFacts,
+    SriovFacts,
+    is_valid_bus_id,
+    is_valid_name,
+)
 
 # Count files hold a few digits; anything longer is malformed, not worth reading.
 _SMALL_FILE_BYTES: Final = 64

@@ -4,7 +4,7 @@ Modules import one way: :mod:`.model` (candidates and the score) -> :mod:`.class
 (interchangeable devices) -> :mod:`.plan` (the merge tree built once per device set) ->
 :mod:`.tables` (one sweep of the dynamic program) -> :mod:`.search` (exact sweeps, the
 bound and the safety cap) -> :mod:`.request` (validation, shortcuts and the entry
-points). The gRPC adapter lives outside, in ``rbln_device_plugin.preferred``.
+points). The gRPC adapter lives outside, in ``rbln_device_plugin.kubelet.preferred``.
 """
 
 from rbln_device_plugin.topology.model import (

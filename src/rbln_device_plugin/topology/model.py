@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from rbln_device_plugin.inventory import Device, sid_is_known
+from rbln_device_plugin.model.inventory import Device, sid_is_known
 
 _ROOT_RE: Final = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BDF_RE: Final = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

@@ -1,0 +1,184 @@
+"""A simulated node: built from a layout, reopened from disk, changed while a daemon runs.
+
+Each change updates the three views together: sysfs and /dev (through ``tree``), the
+rbln-smi state (under its lock) and the saved layout, so a later CLI call or
+``SimNode.open`` sees the same node the daemon sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from rbln_device_plugin_sim.layout import Layout, LayoutError, SimDevice, make_vfs
+from rbln_device_plugin_sim.state import Fault, SmiState, StateStore
+from rbln_device_plugin_sim.tree import (
+    LAYOUT_FILE,
+    LONGEST_SOCKET,
+    MAX_SOCKET_PATH,
+    NodePaths,
+    SimError,
+    remove_device,
+    short_tempdir,
+    write_device,
+    write_smi_script,
+)
+
+__all__ = ["LAYOUT_FILE", "SimError", "SimNode", "materialize", "short_tempdir"]
+
+MAX_VFS: Final = 7  # functions .1 .. .7 of the PF's slot
+
+
+@dataclass(slots=True)
+class SimNode(NodePaths):
+    """A materialised node: its paths, its current layout and its rbln-smi state."""
+
+    layout: Layout
+    store: StateStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = StateStore(self.state_path)
+
+    def save_layout(self) -> None:
+        self.layout.save(self.layout_path)
+
+    @classmethod
+    def open(cls, root: Path) -> SimNode:
+        """Reopen a node that ``materialize`` built earlier (for the CLI)."""
+        root = Path(root).absolute()
+        try:
+            layout = Layout.load(root / LAYOUT_FILE)
+        except OSError as exc:
+            raise SimError(f"{root} holds no simulated node ({exc.strerror})") from exc
+        return cls(root, layout)
+
+    def groups(self) -> dict[str, list[str]]:
+        """RSD group id -> device names, as ``rbln-smi -g -j`` would report them."""
+        return self.store.read().groups()
+
+    # ------------------------------------------------------------ runtime changes
+    def set_status(self, name: str, value: int | str | None) -> None:
+        """A lifecycle code, raw file contents (e.g. "garbage"), or None to delete the file."""
+        dev = self._device(name)
+        text = value if value is None or isinstance(value, str) else f"{value}\n"
+        path = self.status_path(name)
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Replace rather than rewrite in place: a concurrent reader sees old or new, never "".
+            tmp = path.with_name("status.tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        self._replace(dataclasses.replace(dev, status=text))
+        with self.store.transaction() as state:
+            for rec in state.devices:
+                if rec["device"] == name:
+                    rec["status"] = (text or "").strip() or "unknown"
+
+    def add_device(self, dev: SimDevice) -> None:
+        try:
+            layout = self.layout.with_devices((*self.layout.devices, dev))
+        except LayoutError as exc:
+            raise SimError(f"cannot add {dev.name}: {exc}") from exc
+        write_device(self, dev)
+        if dev.listed:
+            with self.store.transaction() as state:
+                state.devices.append(dev.smi_record())
+        self.layout = layout
+        self.save_layout()
+
+    def remove_device(self, name: str) -> list[str]:
+        """Remove a device (a PF takes its VFs with it); returns the names removed."""
+        dev = self._device(name)
+        gone = [*self.layout.vfs_of(dev), dev]
+        self._drop(gone)
+        return [d.name for d in gone]
+
+    def repartition(self, pf_name: str, count: int, *, listed: bool = True) -> list[str]:
+        """Write ``count`` to the PF's sriov_numvfs, replacing its VFs; returns the new VFs."""
+        pf = self._device(pf_name)
+        if pf.is_vf:
+            raise SimError(f"{pf_name} is a VF; only PFs can be partitioned")
+        if not 0 <= count <= MAX_VFS:
+            raise SimError(f"VF count must be 0..{MAX_VFS}, got {count}")
+        self._drop(self.layout.vfs_of(pf))
+        pf = dataclasses.replace(pf, sriov_numvfs=count)
+        self._replace(pf)
+        write_device(self, pf)  # rewrites sriov_numvfs
+        vfs = make_vfs(pf, count, self.layout.next_npu(), listed=listed)
+        for vf in vfs:
+            self.add_device(vf)
+        return [vf.name for vf in vfs]
+
+    def inject_fault(self, fault: Fault) -> None:
+        with self.store.transaction() as state:
+            state.faults.append(fault)
+
+    def clear_faults(self) -> None:
+        with self.store.transaction() as state:
+            state.faults.clear()
+
+    def _device(self, name: str) -> SimDevice:
+        try:
+            return self.layout.device(name)
+        except LayoutError as exc:
+            raise SimError(str(exc)) from exc
+
+    def _replace(self, dev: SimDevice) -> None:
+        self.layout = self.layout.with_devices(
+            dev if d.name == dev.name else d for d in self.layout.devices
+        )
+        self.save_layout()
+
+    def _drop(self, devices: tuple[SimDevice, ...] | list[SimDevice]) -> None:
+        names = {d.name for d in devices}
+        if not names:
+            return
+        for dev in devices:
+            remove_device(self, dev)
+        with self.store.transaction() as state:
+            state.devices = [r for r in state.devices if r["device"] not in names]
+        self.layout = self.layout.with_devices(
+            d for d in self.layout.devices if d.name not in names
+        )
+        self.save_layout()
+
+
+def materialize(layout: Layout, root: Path | str) -> SimNode:
+    """Build the node under ``root`` (created if missing; must not hold a node yet)."""
+    node = SimNode(Path(root).absolute(), layout)
+    socket_path = node.kubelet_dir / LONGEST_SOCKET
+    if len(str(socket_path)) >= MAX_SOCKET_PATH:
+        raise SimError(
+            f"root {node.root} is too long: {socket_path} would exceed {MAX_SOCKET_PATH} bytes"
+        )
+    if node.layout_path.exists():
+        raise SimError(f"{node.root} already holds a simulated node")
+    for directory in (
+        node.sysfs_root / "class" / "rebellions",
+        node.sysfs_root / "bus" / "pci" / "devices",
+        node.sysfs_root / "devices",
+        node.dev_root,
+        node.smi_path.parent,
+        node.kubelet_dir,
+        node.cdi_root,
+        node.rsd_lock_path.parent,
+    ):
+        directory.mkdir(parents=True, exist_ok=True)
+    for dev in layout.devices:
+        write_device(node, dev)
+    # Group 0 (every device at boot) has its node like any other group.
+    (node.dev_root / "rsd0").touch()
+    node.store.create(
+        SmiState(
+            kmd_version=layout.kmd_version,
+            dev_root=str(node.dev_root),
+            devices=[d.smi_record() for d in layout.devices if d.listed],
+        )
+    )
+    write_smi_script(node)
+    node.save_layout()
+    return node

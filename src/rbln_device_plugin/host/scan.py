@@ -1,0 +1,215 @@
+"""One inventory scan: rbln-smi once, sysfs facts, classification.
+
+Status files are not read here: each resource plugin reads them itself, under the lock
+of its health history, so that scan and Allocate observations apply in read order.
+
+A scan of an unchanged node should cost next to nothing, so the scanner remembers what
+cannot have changed: the parsed listing while ``rbln-smi`` prints the same bytes, the
+SR-IOV facts while the listing is the same (VFs come and go with the partition), and
+the PCI path of every bus ID that stayed listed (a device that moves or is re-plugged
+leaves the listing first, and a bus ID that comes back is read afresh). Failed and
+stalled reads are always tried again. sysfs is read off the event loop with a bounded
+wait (see ``host.hostio``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
+from rbln_device_plugin.host.smi import (
+    DEFAULT_CANDIDATES,
+    INVENTORY_TIMEOUT_S,
+    DiscoveryError,
+    SmiError,
+    locate_rbln_smi,
+    parse_inventory,
+    run_smi,
+)
+from rbln_device_plugin.host.sysfs import pci_device_dir, read_pci_path, read_sriov
+from rbln_device_plugin.model.inventory import (
+    Device,
+    DeviceFacts,
+    Inventory,
+    Problem,
+    SmiRecord,
+    SriovFacts,
+    classify,
+    select_records,
+)
+from rbln_device_plugin.telemetry.logs import get_logger
+
+log = get_logger()
+
+__all__ = [
+    "DiscoveryError",
+    "FactsCache",
+    "ProblemLog",
+    "ScanResult",
+    "Scanner",
+]
+
+PciPath = tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    # Resource name -> its devices; resources without devices are absent.
+    resources: Mapping[str, tuple[Device, ...]]
+    # Everything excluded this scan (already logged by the Scanner when new).
+    problems: tuple[Problem, ...] = ()
+    duration_ms: float = 0.0
+
+    @property
+    def device_count(self) -> int:
+        return sum(len(devices) for devices in self.resources.values())
+
+
+class ProblemLog:
+    """Logs each problem when it appears; again only after it went away and came back."""
+
+    def __init__(self) -> None:
+        self._active: set[str] = set()
+
+    def update(self, problems: Sequence[Problem]) -> list[Problem]:
+        """Record this scan's problems; returns (and logs) the new ones."""
+        current: dict[str, Problem] = {}
+        for problem in problems:
+            current.setdefault(problem.key, problem)
+        fresh = [p for key, p in current.items() if key not in self._active]
+        self._active = set(current)
+        for problem in fresh:
+            log.error(problem.message, **problem.fields)
+        return fresh
+
+    @property
+    def active(self) -> frozenset[str]:
+        return frozenset(self._active)
+
+
+class FactsCache:
+    """The sysfs facts that are still valid, per lowercase bus ID."""
+
+    def __init__(self) -> None:
+        self.pci_paths: dict[str, PciPath] = {}
+        self.sriov: dict[str, SriovFacts] = {}
+
+    def listing_changed(self, listed: Sequence[str]) -> None:
+        """A new listing: SR-IOV facts and unreadable paths go; so do absent bus IDs."""
+        keep = set(listed)
+        self.sriov.clear()
+        self.pci_paths = {
+            bus_id: path
+            for bus_id, path in self.pci_paths.items()
+            if bus_id in keep and path is not None
+        }
+
+
+def sriov_key(root: Path | str, bus_id: str) -> str:
+    return os.path.join(pci_device_dir(root, bus_id), "sriov_numvfs")
+
+
+class Scanner:
+    """Discovers devices; one instance per daemon so problem logging stays deduplicated."""
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: Path = Path("/sys"),
+        smi_path: Path | None = None,
+        timeout: float = INVENTORY_TIMEOUT_S,
+        candidates: Sequence[Path] = DEFAULT_CANDIDATES,
+        search_path: str | None = None,
+        hostio: HostIO | None = None,
+    ) -> None:
+        self.sysfs_root = sysfs_root
+        self.smi_path = smi_path
+        self.timeout = timeout
+        self._candidates = tuple(candidates)
+        self._search_path = search_path
+        self._hostio = hostio or HostIO()
+        self.problems = ProblemLog()
+        self.facts = FactsCache()
+        # The last listing, its records and what it gave, while the output stays the same.
+        self._last_output: str | None = None
+        self._records: list[SmiRecord] = []
+        self._listing_problems: tuple[Problem, ...] = ()
+        self._last_inventory: Inventory | None = None
+
+    def locate(self) -> Path:
+        # Looked up per scan: the driver package may be installed after the daemon starts.
+        return locate_rbln_smi(self.smi_path, self._candidates, self._search_path)
+
+    async def scan(self) -> ScanResult:
+        """Run discovery once. Raises DiscoveryError when the node's inventory is unknown."""
+        started = time.monotonic()
+        binary = await self._hostio.call("rbln-smi lookup", self.locate)
+        if isinstance(binary, Stalled):
+            raise DiscoveryError(f"looking for rbln-smi: {binary}")
+        try:
+            text = await run_smi(binary, ["-j"], self.timeout)
+        except SmiError as exc:
+            raise DiscoveryError(str(exc)) from exc
+        inventory = await self.inventory(text)
+        self.problems.update(inventory.problems)
+        return ScanResult(
+            resources=inventory.resources,
+            problems=inventory.problems,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+        )
+
+    async def inventory(self, text: str) -> Inventory:
+        """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""
+        if text != self._last_output:
+            records, parse_problems = parse_inventory(text)  # DiscoveryError: cache untouched
+            kept, select_problems = select_records(records)
+            self._last_output = text
+            self._records = kept
+            self._listing_problems = (*parse_problems, *select_problems)
+            self._last_inventory = None
+            self.facts.listing_changed([record.bus_id for record in kept])
+        facts, fresh = await self._facts(self._records)
+        if not fresh and self._last_inventory is not None:
+            return self._last_inventory
+        classified = classify(self._records, facts)
+        inventory = Inventory(classified.resources, (*self._listing_problems, *classified.problems))
+        self._last_inventory = inventory
+        return inventory
+
+    async def _facts(self, records: Sequence[SmiRecord]) -> tuple[dict[str, DeviceFacts], bool]:
+        """Facts for every record, reading only what the cache lacks; True if anything was."""
+        root = self.sysfs_root
+        cache = self.facts
+        need_sriov = [r.bus_id for r in records if r.bus_id not in cache.sriov]
+        need_path = [r.bus_id for r in records if r.bus_id not in cache.pci_paths]
+        sriov = dict(cache.sriov)
+        paths = dict(cache.pci_paths)
+        if need_sriov or need_path:
+            calls: list[Call[SriovFacts | PciPath]] = [
+                Call(sriov_key(root, bus_id), partial(read_sriov, root, bus_id))
+                for bus_id in need_sriov
+            ]
+            calls += [
+                Call(pci_device_dir(root, bus_id), partial(read_pci_path, root, bus_id))
+                for bus_id in need_path
+            ]
+            results = await self._hostio.map(calls)
+            for bus_id, result in zip(need_sriov, results, strict=False):
+                facts = result if isinstance(result, SriovFacts) else SriovFacts(error=str(result))
+                sriov[bus_id] = facts
+                if not facts.error:  # an indeterminate state is read again next scan
+                    cache.sriov[bus_id] = facts
+            for bus_id, result in zip(need_path, results[len(need_sriov) :], strict=True):
+                if isinstance(result, Stalled | SriovFacts):
+                    paths[bus_id] = None  # unknown for now; read again next scan
+                else:
+                    paths[bus_id] = cache.pci_paths[bus_id] = result
+        facts_by_bus = {
+            r.bus_id: DeviceFacts(sriov=sriov[r.bus_id], pci_path=paths[r.bus_id]) for r in records
+        }
+        return facts_by_bus, bool(need_sriov or need_path)

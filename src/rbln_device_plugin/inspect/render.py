@@ -1,0 +1,263 @@
+"""``inspect`` output: the report as a table for people, or as one JSON document.
+
+Pure. The JSON document follows ``report.schema.json`` (shipped next to this
+module and described in the README); bump ``SCHEMA_VERSION`` on any incompatible change.
+Text that comes from the host (names, bus IDs, error messages) is escaped in the table,
+so a hostile rbln-smi cannot move the cursor or forge lines on an operator's terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from rbln_device_plugin.inspect.report import (
+    Choice,
+    Finding,
+    PreferredReport,
+    Report,
+    Row,
+    score_levels,
+)
+
+SCHEMA_VERSION: Final = 1
+_CELL_MAX: Final = 72
+_DASH: Final = "-"
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def to_document(report: Report, preferred: PreferredReport | None, version: str) -> dict[str, Any]:
+    smi = report.facts.smi
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "version": version,
+        "config": dict(report.facts.config),
+        "discovery": {
+            "ok": smi.ok,
+            "rblnSmi": smi.path,
+            "durationMs": smi.duration_ms,
+            "error": smi.error or None,
+            "tried": list(smi.tried),
+            "entries": len(smi.entries),
+        },
+        "devices": [_device(row) for row in report.rows],
+        "resources": [
+            {
+                "resourceName": s.name,
+                "deviceCount": s.devices,
+                "healthyCount": s.healthy,
+                "unhealthyCount": s.unhealthy,
+            }
+            for s in report.resources
+        ],
+        "problems": [_problem(finding) for finding in report.findings],
+        "preferred": None if preferred is None else _preferred(preferred),
+        "advertisedCount": report.advertised,
+        "exitCode": report.exit_code,
+    }
+
+
+def _device(row: Row) -> dict[str, Any]:
+    return {
+        "device": row.name,
+        "product": row.product or None,
+        "pciDeviceID": row.pci_device_id or None,
+        "pciBusID": row.bus_id,
+        "numa": row.numa,
+        "sid": row.sid or None,
+        "parentBusID": row.parent_bus_id,
+        "listedBySmi": row.listed,
+        "inSysfs": row.in_sysfs,
+        "resourceName": row.resource,
+        "whyNot": None
+        if row.why_not is None
+        else {"kind": row.why_not.kind, "reason": row.why_not.reason},
+        "health": row.health,
+        "status": row.status,
+        "statusDetail": row.status_detail or None,
+        "pciPath": None if row.pci_path is None else list(row.pci_path),
+        "pciPathError": row.pci_path_error or None,
+    }
+
+
+def _problem(finding: Finding) -> dict[str, Any]:
+    return {
+        "severity": finding.severity.value,
+        "kind": finding.kind,
+        "message": finding.message,
+        "device": finding.device,
+        "pciBusID": finding.bus_id,
+        "details": dict(finding.details),
+    }
+
+
+def _preferred(answer: PreferredReport) -> dict[str, Any]:
+    def choice(which: Choice | None) -> dict[str, Any] | None:
+        if which is None:
+            return None
+        return {"deviceIDs": list(which.device_ids), "score": score_levels(which.score)}
+
+    return {
+        "resourceName": answer.resource,
+        "allocationSize": answer.size,
+        "available": list(answer.available),
+        "mustInclude": list(answer.must_include),
+        "deviceIDs": [] if answer.winner is None else list(answer.winner.device_ids),
+        "fallback": answer.fallback or None,
+        "shortcut": answer.shortcut,
+        "winner": choice(answer.winner),
+        "runnerUp": choice(answer.runner_up),
+        "decidedBy": answer.decided_by,
+        "note": answer.runner_up_note or None,
+    }
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def render_table(report: Report, preferred: PreferredReport | None) -> str:
+    facts = report.facts
+    smi = facts.smi
+    lines: list[str] = []
+    if smi.ok:
+        took = f", {smi.duration_ms:.0f} ms" if smi.duration_ms is not None else ""
+        source = f"{_cell(smi.path or '?')} ({len(smi.entries)} entries{took})"
+    else:
+        source = f"{_cell(smi.path) if smi.path else 'not found'} (FAILED, see problems)"
+    lines.append(f"rbln-smi: {source}")
+    lines.append(f"sysfs:    {_cell(str(facts.config.get('sysfsRoot', '?')))}")
+    lines.append("")
+    lines += _columns(
+        [
+            "DEVICE",
+            "PRODUCT",
+            "PCI BUS ID",
+            "NUMA",
+            "SID",
+            "PARENT PF",
+            "RESOURCE (OR WHY NOT)",
+            "HEALTH",
+            "STATUS",
+            "PCI PATH",
+        ],
+        [_row_cells(row) for row in report.rows],
+    )
+    if not report.rows:
+        lines.append("(no device: rbln-smi lists none and sysfs shows none)")
+    lines.append("")
+    lines += _columns(
+        ["RESOURCE", "DEVICES", "HEALTHY", "UNHEALTHY"],
+        [[s.name, str(s.devices), str(s.healthy), str(s.unhealthy)] for s in report.resources],
+    )
+    lines.append("")
+    if report.findings:
+        lines.append(f"Problems ({len(report.findings)}):")
+        lines += [f"  {_finding_line(finding)}" for finding in report.findings]
+    else:
+        lines.append("Problems: none")
+    if preferred is not None:
+        lines.append("")
+        lines += _preferred_lines(preferred)
+    lines.append("")
+    verdict = "OK" if report.exit_code == 0 else "NOT OK"
+    warnings = len(report.findings) - report.errors
+    lines.append(
+        f"{verdict}: {report.advertised} device{'s' if report.advertised != 1 else ''} "
+        f"advertised, {report.errors} error{'s' if report.errors != 1 else ''}, "
+        f"{warnings} warning{'s' if warnings != 1 else ''} (exit {report.exit_code})"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _row_cells(row: Row) -> list[str]:
+    if row.resource is not None:
+        advertised = row.resource
+    elif row.why_not is not None:
+        advertised = f"({row.why_not.reason})"
+    else:
+        advertised = _DASH
+    if row.pci_path is not None:
+        pci = "/".join(row.pci_path)
+    else:
+        pci = f"unreadable: {row.pci_path_error}" if row.pci_path_error else _DASH
+    return [
+        _cell(row.name or _DASH),
+        _cell(row.product or _DASH),
+        _cell(row.bus_id or _DASH),
+        _DASH if row.numa is None else str(row.numa),
+        _cell(row.sid or _DASH),
+        row.parent_bus_id or _DASH,
+        _cell(advertised),
+        row.health or _DASH,
+        _cell(row.status or _DASH),
+        _cell(pci, limit=200),
+    ]
+
+
+def _finding_line(finding: Finding) -> str:
+    subject = finding.device or finding.bus_id
+    head = f"{finding.severity.value:<7} " + (f"{_cell(subject)}: " if subject else "")
+    details = " ".join(
+        f"{key}={_cell(_detail(value), limit=300)}" for key, value in finding.details.items()
+    )
+    return head + _cell(finding.message, limit=200) + (f"  {details}" if details else "")
+
+
+def _detail(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(str(item) for item in value)
+    return str(value)
+
+
+def _preferred_lines(answer: PreferredReport) -> list[str]:
+    must = ", ".join(answer.must_include) or "none"
+    lines = [
+        f"Preferred allocation for {answer.resource}: size {answer.size}, "
+        f"{len(answer.available)} available, must include {_cell(must)}"
+    ]
+    if answer.winner is None:
+        lines.append(f"  answer: [] (fallback to the kubelet: {_cell(answer.fallback)})")
+        return lines
+    shortcut = f" (shortcut: {answer.shortcut}, no search)" if answer.shortcut else ""
+    lines.append(f"  answer: {', '.join(answer.winner.device_ids)}{shortcut}")
+    winner = score_levels(answer.winner.score)
+    runner = score_levels(answer.runner_up.score) if answer.runner_up is not None else None
+    rows = [
+        [name, _level(value), _DASH if runner is None else _level(runner[name])]
+        for name, value in winner.items()
+    ]
+    lines += [f"  {line}" for line in _columns(["LEVEL", "WINNER", "RUNNER-UP"], rows)]
+    if answer.runner_up is None:
+        lines.append("  runner-up: none (no other selection satisfies the request)")
+    else:
+        decided = answer.decided_by or "nothing (equal)"
+        lines.append(f"  runner-up: {', '.join(answer.runner_up.device_ids)}; decided by {decided}")
+    if answer.runner_up_note:
+        lines.append(f"  note: {answer.runner_up_note}")
+    return lines
+
+
+def _level(value: Any) -> str:
+    return ",".join(value) if isinstance(value, list) else str(value)
+
+
+def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [len(title) for title in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [cell.ljust(widths[i]) for i, cell in enumerate(cells[:-1])]
+        return "  ".join([*padded, cells[-1]]).rstrip()
+
+    return [line(header), *(line(row) for row in rows)]
+
+
+def _cell(text: str, limit: int = _CELL_MAX) -> str:
+    """One line of printable text: control characters escaped, long text shortened."""
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

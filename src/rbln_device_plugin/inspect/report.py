@@ -1,0 +1,601 @@
+"""``rbln-device-plugin inspect``: what the node has, what the kubelet is told, and why.
+
+Pure. One read-only pass over the host (``command``) produces ``HostFacts``: the
+rbln-smi outcome entry by entry, the sysfs facts and the status readings. This module
+runs them through the daemon's own policy (record screening, SR-IOV classification, a
+first scan's health verdicts from a fresh ``HealthHistory`` per resource) and explains every
+device: the resource it is advertised under, or why it is not. ``explain_preferred``
+answers a ``GetPreferredAllocation`` the way the resource plugin would, with the
+runner-up. Rendering (table and JSON) lives in ``render``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Final
+
+from rbln_device_plugin.host.smi import ParsedEntry
+from rbln_device_plugin.host.sysfs import SysfsDevice
+from rbln_device_plugin.model.devicetable import Entry
+from rbln_device_plugin.model.health import HealthHistory, StatusReading
+from rbln_device_plugin.model.inventory import (
+    RESOURCE_NPU,
+    RESOURCE_NPU_VF1,
+    RESOURCE_NPU_VF4,
+    VF_RESOURCES,
+    Device,
+    DeviceFacts,
+    Problem,
+    SmiRecord,
+    SriovFacts,
+    classify,
+    is_valid_bus_id,
+    is_valid_name,
+    natural_key,
+    parse_numa,
+    resource_for,
+    screen_records,
+)
+from rbln_device_plugin.topology import (
+    Candidate,
+    Fallback,
+    Score,
+    candidate_from_device,
+    preferred_allocation,
+    score,
+)
+
+# Resource names are fixed: the summary always shows all three, so a missing one is a 0.
+RESOURCES: Final = (RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4)
+EXIT_OK: Final = 0
+EXIT_PROBLEMS: Final = 1
+_NOT_READ: Final = StatusReading(None, "status not read")
+
+
+class Severity(StrEnum):
+    # Costs the node an advertised or healthy device, or its whole inventory: exit 1.
+    ERROR = "error"
+    # Degrades placement only (the device is still advertised and usable): exit 0.
+    WARNING = "warning"
+
+
+# ----------------------------------------------------------------------------- facts
+
+
+@dataclass(frozen=True, slots=True)
+class SmiOutcome:
+    """What running ``rbln-smi -j`` gave."""
+
+    path: str | None  # the binary that ran (or the configured one that is unusable)
+    error: str = ""  # why discovery failed; empty when the inventory was read
+    tried: tuple[str, ...] = ()  # rbln-smi not found: every path looked at, in order
+    entries: tuple[ParsedEntry, ...] = ()
+    duration_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """Everything one read-only pass saw."""
+
+    smi: SmiOutcome
+    sysfs_devices: tuple[SysfsDevice, ...] = ()
+    facts: Mapping[str, DeviceFacts] = field(default_factory=dict)  # by lowercase BDF
+    statuses: Mapping[str, StatusReading] = field(default_factory=dict)  # by device name
+    config: Mapping[str, Any] = field(default_factory=dict)  # Config.describe()
+
+
+def wanted_reads(
+    entries: Iterable[ParsedEntry], sysfs_devices: Iterable[SysfsDevice]
+) -> tuple[list[str], list[str]]:
+    """(bus IDs, names) whose sysfs facts and status files the report needs.
+
+    Only shapes the inventory accepts: nothing else ever becomes a sysfs path.
+    """
+    bus_ids: dict[str, None] = {}
+    names: dict[str, None] = {}
+    for entry in entries:
+        name, bus_id = _identity(entry)
+        if bus_id is not None and is_valid_bus_id(bus_id):
+            bus_ids[bus_id.lower()] = None
+        if name is not None and is_valid_name(name):
+            names[name] = None
+    for device in sysfs_devices:
+        if device.bus_id is not None:
+            bus_ids[device.bus_id] = None
+        if device.name is not None:
+            names[device.name] = None
+    return list(bus_ids), list(names)
+
+
+def _identity(entry: ParsedEntry) -> tuple[str | None, str | None]:
+    """Name and bus ID of an entry, from its record or, when malformed, its raw fields."""
+    if entry.record is not None:
+        return entry.record.name, entry.record.bus_id
+    raw = entry.raw if isinstance(entry.raw, Mapping) else {}
+    pci = raw.get("pci")
+    name = raw.get("device")
+    bus_id = pci.get("bus_id") if isinstance(pci, Mapping) else None
+    return (
+        name if isinstance(name, str) else None,
+        bus_id if isinstance(bus_id, str) else None,
+    )
+
+
+# ----------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True, slots=True)
+class WhyNot:
+    kind: str  # a Problem kind, or "hosting-vfs", "not-listed", "discovery-failed"
+    reason: str  # short enough for a table cell
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One device that rbln-smi lists or that sysfs shows."""
+
+    name: str | None
+    bus_id: str | None
+    product: str = ""
+    pci_device_id: str = ""
+    numa: int | None = None
+    sid: str = ""
+    parent_bus_id: str | None = None
+    listed: bool = False  # rbln-smi lists it
+    in_sysfs: bool = False  # sysfs shows it (driver class entry or Rebellions PCI function)
+    resource: str | None = None
+    why_not: WhyNot | None = None  # set iff resource is None
+    health: str | None = None  # Healthy / Unhealthy; only for advertised devices
+    status: str | None = None  # as the daemon reports it; None: no usable name to read
+    status_detail: str = ""  # why the status file is unreadable
+    pci_path: tuple[str, ...] | None = None
+    pci_path_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A problem the report names: the daemon's own Problem records plus inspect's."""
+
+    severity: Severity
+    kind: str
+    message: str
+    device: str | None = None
+    bus_id: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSummary:
+    name: str
+    devices: int
+    healthy: int
+    unhealthy: int
+
+
+@dataclass(frozen=True)
+class Report:
+    facts: HostFacts
+    rows: tuple[Row, ...]
+    resources: tuple[ResourceSummary, ...]
+    findings: tuple[Finding, ...]
+    # What each resource plugin would hold after its first scan, by device ID (only
+    # advertised resources appear).
+    tables: Mapping[str, Mapping[str, Entry]]
+
+    @property
+    def advertised(self) -> int:
+        return sum(summary.devices for summary in self.resources)
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for finding in self.findings if finding.severity is Severity.ERROR)
+
+    @property
+    def exit_code(self) -> int:
+        # "Nothing advertised" is itself an error finding, so errors decide alone.
+        return EXIT_PROBLEMS if self.errors else EXIT_OK
+
+
+def build_report(host: HostFacts) -> Report:
+    """Explain every device of the node, as the daemon's first scan would treat it."""
+    explainer = _Explainer(host)
+    explainer.malformed_entries()
+    explainer.records()
+    explainer.sysfs_only()
+    return explainer.report()
+
+
+class _Explainer:
+    """Builds one report: rows and findings accumulate, in rbln-smi's order, then sysfs."""
+
+    def __init__(self, host: HostFacts) -> None:
+        self.host = host
+        self.rows: list[Row] = []
+        self.findings: list[Finding] = [] if host.smi.ok else [_discovery_finding(host.smi)]
+        self.tables: dict[str, dict[str, Entry]] = {}
+        self._sysfs_bus_ids = {d.bus_id for d in host.sysfs_devices if d.bus_id is not None}
+        self._sysfs_names = {d.name for d in host.sysfs_devices if d.name is not None}
+
+    def malformed_entries(self) -> None:
+        for parsed in self.host.smi.entries:
+            if parsed.problem is None:
+                continue
+            name, bus_id = _identity(parsed)
+            row = Row(
+                name,
+                bus_id,
+                listed=True,
+                in_sysfs=self._in_sysfs(name, bus_id),
+                why_not=_why(parsed.problem),
+            )
+            self.rows.append(self._status(row, name))
+            self.findings.append(_from_problem(parsed.problem, name, bus_id))
+
+    def records(self) -> None:
+        """Screening, classification and first-scan health: the daemon's own functions."""
+        records = [parsed.record for parsed in self.host.smi.entries if parsed.record]
+        screened = list(screen_records(records))
+        kept = [record for record, problem in screened if problem is None]
+        for resource, devices in classify(kept, self.host.facts).resources.items():
+            history = HealthHistory()  # a new plugin's empty history: a first scan's verdicts
+            self.tables[resource] = {
+                device.name: Entry(device, history.observe(device.name, self._reading(device)))
+                for device in devices
+            }
+        advertised = {
+            name: (resource, entry)
+            for resource, table in self.tables.items()
+            for name, entry in table.items()
+        }
+        for record, rejected in screened:
+            row = self._record_row(record)
+            if rejected is not None:
+                self.rows.append(self._status(replace(row, why_not=_why(rejected)), record.name))
+                self.findings.append(_from_problem(rejected, record.name, record.bus_id))
+                continue
+            facts = self.host.facts.get(record.bus_id, DeviceFacts())
+            row = replace(
+                row,
+                parent_bus_id=facts.sriov.parent_bus_id,
+                pci_path=facts.pci_path,
+                pci_path_error=facts.pci_path_error,
+            )
+            if record.name in advertised:
+                resource, entry = advertised[record.name]
+                self.rows.append(self._advertised(row, resource, entry))
+                self.findings += _advertised_findings(resource, entry, facts)
+                continue
+            _, excluded = resource_for(record, facts.sriov)
+            if excluded is None:  # a PF in a supported partition mode: its VFs carry it
+                why = WhyNot("hosting-vfs", _hosting(facts.sriov))
+            else:
+                why = _why(excluded)
+                self.findings.append(_from_problem(excluded, record.name, record.bus_id))
+            self.rows.append(self._status(replace(row, why_not=why), record.name))
+
+    def sysfs_only(self) -> None:
+        """Devices sysfs shows that no rbln-smi entry names."""
+        names = {row.name for row in self.rows if row.name is not None}
+        bus_ids = {row.bus_id.lower() for row in self.rows if row.bus_id is not None}
+        for device in self.host.sysfs_devices:
+            if device.name in names or device.bus_id in bus_ids:
+                continue
+            row, finding = _sysfs_only(self.host, device)
+            self.rows.append(self._status(row, device.name))
+            if finding is not None:
+                self.findings.append(finding)
+
+    def report(self) -> Report:
+        rows = sorted(self.rows, key=lambda row: _natural(row.name, row.bus_id))
+        if not self.tables:
+            reason = _nothing_reason(self.host, rows)
+            self.findings.append(
+                Finding(
+                    Severity.ERROR,
+                    "nothing-advertised",
+                    "No device is advertised to the kubelet",
+                    details={"reason": reason},
+                )
+            )
+        order = {"discovery-failed": 0, "rbln-smi-not-found": 0, "nothing-advertised": 2}
+        findings = sorted(
+            self.findings, key=lambda f: (order.get(f.kind, 1), _natural(f.device, f.bus_id))
+        )
+        resources = tuple(_summary(name, self.tables.get(name)) for name in RESOURCES)
+        return Report(self.host, tuple(rows), resources, tuple(findings), self.tables)
+
+    def _in_sysfs(self, name: str | None, bus_id: str | None) -> bool:
+        return (name is not None and name in self._sysfs_names) or (
+            bus_id is not None and bus_id.lower() in self._sysfs_bus_ids
+        )
+
+    def _record_row(self, record: SmiRecord) -> Row:
+        return Row(
+            name=record.name,
+            bus_id=record.bus_id,
+            product=record.product,
+            pci_device_id=record.pci_device_id,
+            numa=parse_numa(record.numa_node),
+            sid=record.sid,
+            listed=True,
+            in_sysfs=self._in_sysfs(record.name, record.bus_id),
+        )
+
+    def _status(self, row: Row, name: str | None) -> Row:
+        """The raw status reading of a device that is not advertised (no health verdict)."""
+        reading = self.host.statuses.get(name) if name is not None else None
+        if reading is None:
+            return row
+        return replace(row, status=reading.name, status_detail=reading.reason)
+
+    def _reading(self, device: Device) -> StatusReading:
+        return self.host.statuses.get(device.name, _NOT_READ)
+
+    def _advertised(self, row: Row, resource: str, entry: Entry) -> Row:
+        reading = self.host.statuses.get(entry.device.name, _NOT_READ)
+        return replace(
+            row,
+            resource=resource,
+            health=entry.verdict.health.value,
+            status=entry.verdict.describe(),
+            status_detail=reading.reason,
+        )
+
+
+def _advertised_findings(resource: str, entry: Entry, facts: DeviceFacts) -> list[Finding]:
+    device = entry.device
+    out: list[Finding] = []
+    if not entry.healthy:
+        out.append(
+            Finding(
+                Severity.ERROR,
+                "unhealthy",
+                "Device is Unhealthy; the kubelet will not place pods on it",
+                device.name,
+                device.bus_id,
+                {"resourceName": resource, "status": entry.verdict.describe()},
+            )
+        )
+    if device.pci_path is None:
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "pci-path-unreadable",
+                "PCI path unreadable; preferred allocation counts the device as unmeasured",
+                device.name,
+                device.bus_id,
+                {"resourceName": resource, "reason": facts.pci_path_error or "unknown"},
+            )
+        )
+    return out
+
+
+def _sysfs_only(host: HostFacts, device: SysfsDevice) -> tuple[Row, Finding | None]:
+    """A device sysfs shows but rbln-smi does not list."""
+    facts = host.facts.get(device.bus_id, DeviceFacts()) if device.bus_id else DeviceFacts()
+    sriov = facts.sriov
+    finding: Finding | None = None
+    if not host.smi.ok:
+        why = WhyNot("discovery-failed", "no rbln-smi inventory")
+    elif sriov.parent_bus_id is None and sriov.vf_count and not sriov.error:
+        why = WhyNot("hosting-vfs", _hosting(sriov) + ", not listed by rbln-smi")
+    else:
+        why = WhyNot("not-listed", "not listed by rbln-smi")
+        finding = Finding(
+            Severity.ERROR,
+            "not-listed",
+            "Device in sysfs is not listed by rbln-smi",
+            device.name,
+            device.bus_id,
+        )
+    row = Row(
+        name=device.name,
+        bus_id=device.bus_id,
+        parent_bus_id=sriov.parent_bus_id,
+        in_sysfs=True,
+        why_not=why,
+        pci_path=facts.pci_path,
+        pci_path_error=facts.pci_path_error if device.bus_id else "no PCI device link in sysfs",
+    )
+    return row, finding
+
+
+def _hosting(sriov: SriovFacts) -> str:
+    count = sriov.vf_count or 0
+    unsupported = "" if count in VF_RESOURCES else ", an unsupported count"
+    return f"hosts {count} VF{'s' if count != 1 else ''}{unsupported}"
+
+
+def _why(problem: Problem) -> WhyNot:
+    return WhyNot(problem.kind, _short_reason(problem))
+
+
+_SHORT_REASONS: Final[Mapping[str, str]] = {
+    "invalid-name": "invalid name",
+    "invalid-bus-id": "invalid PCI bus ID",
+    "unsupported-product": "unsupported product",
+    "duplicate": "duplicate entry",
+    "sriov-indeterminate": "indeterminate SR-IOV state",
+    "malformed-entry": "malformed rbln-smi entry",
+}
+
+
+def _short_reason(problem: Problem) -> str:
+    if problem.kind == "unsupported-vf-count":
+        count = problem.fields.get("vfCount")
+        who = "parent PF has" if "parentBusID" in problem.fields else "has"
+        return f"{who} {count} VFs, an unsupported count"
+    return _SHORT_REASONS.get(problem.kind, problem.message)
+
+
+def _from_problem(problem: Problem, name: str | None, bus_id: str | None) -> Finding:
+    # Device, bus ID and product are already columns of the row.
+    details = {k: v for k, v in problem.fields.items() if k not in ("device", "busID", "product")}
+    return Finding(Severity.ERROR, problem.kind, problem.message, name, bus_id, details)
+
+
+def _discovery_finding(smi: SmiOutcome) -> Finding:
+    if smi.tried:
+        # A configured path that is unusable is named as such; a search lists its stops.
+        message = smi.error if smi.path else "rbln-smi not found; discovery cannot run"
+        return Finding(
+            Severity.ERROR, "rbln-smi-not-found", message, details={"tried": list(smi.tried)}
+        )
+    return Finding(
+        Severity.ERROR,
+        "discovery-failed",
+        "Device discovery failed; the daemon reports zero devices until it recovers",
+        details={"err": smi.error},
+    )
+
+
+def _nothing_reason(host: HostFacts, rows: Sequence[Row]) -> str:
+    if not host.smi.ok:
+        return "device discovery failed"
+    if not rows:
+        return "neither rbln-smi nor sysfs shows any device"
+    return "every device is excluded (see the other problems)"
+
+
+def _summary(name: str, table: Mapping[str, Entry] | None) -> ResourceSummary:
+    entries = list((table or {}).values())
+    healthy = sum(1 for entry in entries if entry.healthy)
+    return ResourceSummary(name, len(entries), healthy, len(entries) - healthy)
+
+
+def _natural(name: str | None, bus_id: str | None) -> tuple[Any, ...]:
+    """rbln2 before rbln10, rbln0 before rbln0-0; unnamed devices last, by bus ID."""
+    if name is None:
+        return (1, (), bus_id or "")
+    return (0, natural_key(name), bus_id or "")
+
+
+# ----------------------------------------------------------------------------- preferred
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    device_ids: tuple[str, ...]  # in the plugin's answer order: must-include first
+    score: Score
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredReport:
+    resource: str
+    size: int
+    available: tuple[str, ...]
+    must_include: tuple[str, ...]
+    winner: Choice | None = None  # None: the plugin would fall back to the kubelet
+    runner_up: Choice | None = None  # the best other selection; None when there is none
+    # How the plugin answered without the general search: "must-include", "all-available",
+    # "one-device", "one-card"; None when it searched.
+    shortcut: str | None = None
+    fallback: str = ""  # why the plugin would answer an empty list
+    runner_up_note: str = ""  # e.g. a sub-search over budget: the runner-up may be inexact
+
+    @property
+    def decided_by(self) -> str | None:
+        """The first score level at which the winner beats the runner-up."""
+        if self.winner is None or self.runner_up is None:
+            return None
+        for name, mine, theirs in zip(
+            Score._fields, self.winner.score, self.runner_up.score, strict=True
+        ):
+            if mine != theirs:
+                return name
+        return None
+
+
+def score_levels(value: Score) -> dict[str, Any]:
+    """Every level by name, the ID tie-break included (as a list)."""
+    return {
+        name: list(level) if isinstance(level, tuple) else level
+        for name, level in value._asdict().items()
+    }
+
+
+def explain_preferred(
+    report: Report,
+    resource: str,
+    size: int,
+    available: Sequence[str] | None,
+    must_include: Sequence[str],
+) -> PreferredReport:
+    """What the resource plugin would answer now, with the runner-up.
+
+    ``available`` defaults to the resource's Healthy devices: what the kubelet offers
+    on a node where nothing is allocated yet.
+    """
+    table = report.tables.get(resource)
+    if table is None:
+        offered = ", ".join(sorted(report.tables)) or "none"
+        return PreferredReport(
+            resource,
+            size,
+            tuple(available or ()),
+            tuple(must_include),
+            fallback=f"{resource} is not advertised on this node (advertised: {offered})",
+        )
+    if available is None:
+        available = sorted(name for name, entry in table.items() if entry.healthy)
+    request = PreferredReport(resource, size, tuple(available), tuple(must_include))
+    candidates = {name: candidate_from_device(entry.device) for name, entry in table.items()}
+    try:
+        result = preferred_allocation(candidates, available, must_include, size)
+    except Fallback as exc:
+        return replace(request, fallback=exc.reason)
+    except Exception as exc:  # the plugin answers an empty list for these too
+        return replace(request, fallback=f"internal error in topology search: {exc!r}")
+    winner = Choice(tuple(result.device_ids), result.score or score(result.device_ids, candidates))
+    runner_up, note = _runner_up(candidates, available, must_include, size, winner)
+    if result.capped is not None:
+        note = (
+            f"the search reached its safety cap ({result.capped} steps): the answer is "
+            "complete but may not be the best" + (f"; {note}" if note else "")
+        )
+    return replace(
+        request,
+        winner=winner,
+        runner_up=runner_up,
+        shortcut=result.shortcut,
+        runner_up_note=note,
+    )
+
+
+def _runner_up(
+    candidates: Mapping[str, Candidate],
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    winner: Choice,
+) -> tuple[Choice | None, str]:
+    """The best selection other than the winner.
+
+    Any other selection leaves out at least one of the winner's non-mandatory devices,
+    so the best of "the winner's request without device d", over every such d, is the
+    runner-up.
+    """
+    mandatory = set(must_include)
+    best: Choice | None = None
+    note = ""
+    for left_out in winner.device_ids:
+        if left_out in mandatory:
+            continue
+        rest = [device for device in available if device != left_out]
+        if size > len(set(rest)):
+            continue  # no selection of this size without that device
+        try:
+            other = preferred_allocation(candidates, rest, must_include, size)
+        except Fallback as exc:
+            note = f"a runner-up search was cut short ({exc.reason}); it may not be the best"
+            continue
+        other_score = other.score or score(other.device_ids, candidates)
+        if best is None or other_score < best.score:
+            best = Choice(tuple(other.device_ids), other_score)
+    return best, note

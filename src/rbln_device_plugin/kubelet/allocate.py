@@ -1,0 +1,300 @@
+"""Allocate: validate, final status check, then per container an RSD group and specs.
+
+Nothing touches the host before every requested ID matched the plugin's inventory, and
+no RSD group is created before the final status check passed for every distinct device.
+Errors after side effects began are reported as they are: there is no rollback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+
+from rbln_device_plugin.api.v1beta1 import api_pb2
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.host import devnodes, rsd, smi
+from rbln_device_plugin.host.hostio import HostIO, Stalled
+from rbln_device_plugin.kubelet import cdi
+from rbln_device_plugin.model.devicetable import DeviceTable
+from rbln_device_plugin.model.health import Health, Verdict
+from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.tracing import Tracer, mark_error
+
+CONTAINER_RSD_PATH: Final = "/dev/rsd0"
+PERMISSIONS: Final = "rw"
+_SHOWN_IDS: Final = 8
+_SHOWN_ID_CHARS: Final = 64
+_MAX_MESSAGE_BYTES: Final = 2048
+# Containers that did no work (rejected request, or after an earlier container failed)
+# get a child span each, up to this many per Allocate: no real pod comes near it, and it
+# bounds the tracing cost of a hostile request with thousands of empty containers.
+MAX_UNWORKED_CONTAINER_SPANS: Final = 256
+_TRACED_IDS: Final = 256
+
+log = get_logger()
+
+
+class AllocationError(Exception):
+    """Fails the whole Allocate call with INVALID_ARGUMENT and this message."""
+
+    def __init__(self, message: str, *, logged: bool = False) -> None:
+        super().__init__(message)
+        self.logged = logged  # the per-container failure record was already written
+
+
+def _show(ids: Sequence[str]) -> str:
+    shown = [i if len(i) <= _SHOWN_ID_CHARS else i[:_SHOWN_ID_CHARS] + "..." for i in ids]
+    text = ", ".join(repr(i) for i in shown[:_SHOWN_IDS])
+    return text + (f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else "")
+
+
+class Allocator:
+    def __init__(
+        self,
+        resource: str,
+        table: DeviceTable,
+        config: Config,
+        tracer: Tracer,
+        check_health: Callable[[Sequence[str]], Awaitable[Mapping[str, Verdict]]],
+        rsd_local_lock: asyncio.Lock,
+        hostio: HostIO,
+    ) -> None:
+        self._resource = resource
+        self._rsd_local_lock = rsd_local_lock
+        self._table = table
+        self._config = config
+        self._tracer = tracer
+        self._check_health = check_health
+        self._hostio = hostio
+
+    async def allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        started = time.monotonic()
+        requested = [list(c.devices_ids) for c in request.container_requests]
+        try:
+            with self._tracer.start_as_current_span(
+                "Allocate", attributes={"rbln.resource_name": self._resource}
+            ):
+                # Every container request gets its allocateContainer child, even when the
+                # request is rejected before any container's turn.
+                try:
+                    snapshot = await self._validate(requested)
+                except Exception as exc:
+                    known = {i: entry.device for i, entry in self._table.entries.items()}
+                    self._unworked_spans(requested, known, exc, f"request rejected: {exc}")
+                    raise
+                response = api_pb2.AllocateResponse()
+                for index, ids in enumerate(requested):
+                    try:
+                        container = await self._container(ids, snapshot)
+                    except Exception:
+                        self._unworked_spans(
+                            requested[index + 1 :], snapshot, None,
+                            f"not attempted: container {index} failed",
+                        )  # fmt: skip
+                        raise
+                    response.container_responses.append(container)
+                return response
+        except Exception as exc:
+            failure = exc if isinstance(exc, AllocationError) else None
+            if failure is None or not failure.logged:
+                log.error(
+                    "Container allocation failed",
+                    resourceName=self._resource,
+                    deviceIDs=[i[:_SHOWN_ID_CHARS] for c in requested for i in c][:_SHOWN_IDS],
+                    err=exc,
+                    durationMs=_ms(started),
+                    exc_info=failure is None,  # a traceback only for the unexpected
+                )
+            message = (
+                str(exc) if failure is not None else f"{self._resource}: internal error: {exc}"
+            )
+            # The message ends up in the pod's events: keep it short, the log has it all.
+            bounded = smi.trim_output(message.encode(), _MAX_MESSAGE_BYTES)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded)
+            raise  # unreachable: abort raises
+
+    def _container_attributes(
+        self, ids: Sequence[str], known: Mapping[str, Device]
+    ) -> dict[str, Any]:
+        """The allocateContainer attributes known before any host access."""
+        # IDs here may be anything the client sent: bounded like the error message's.
+        shown = [
+            i if len(i) <= _SHOWN_ID_CHARS else i[:_SHOWN_ID_CHARS] + "..."
+            for i in ids[:_TRACED_IDS]
+        ]
+        attributes: dict[str, Any] = {
+            "rbln.resource_name": self._resource,
+            "rbln.device.ids": shown,
+            "rbln.device.count": len(ids),
+        }
+        devices = [known[i] for i in ids if i in known]
+        if ids and len(devices) == len(ids):  # a partial list would read as the whole
+            attributes["rbln.device.bus_ids"] = sorted(d.bus_id for d in devices)
+        return attributes
+
+    def _unworked_spans(
+        self,
+        requested: Sequence[Sequence[str]],
+        known: Mapping[str, Device],
+        failure: BaseException | None,
+        description: str,
+    ) -> None:
+        """Error child spans for containers that never reached the host.
+
+        ``failure`` (the rejection) is recorded on each; containers skipped because an
+        earlier one failed carry only the Error status and its description.
+        """
+        for ids in requested[:MAX_UNWORKED_CONTAINER_SPANS]:
+            with self._tracer.start_as_current_span(
+                "allocateContainer",
+                attributes=self._container_attributes(ids, known),
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                if failure is not None:
+                    span.record_exception(failure)
+                mark_error(span, description[:_MAX_MESSAGE_BYTES])
+
+    async def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
+        """Reject bad requests before any host access; return the checked device snapshot."""
+        if not requested:
+            raise AllocationError(f"{self._resource}: the request names no containers")
+        entries = self._table.entries
+        owner: dict[str, int] = {}
+        for index, ids in enumerate(requested):
+            if not ids:
+                raise AllocationError(f"{self._resource}: container {index} requests no devices")
+            unknown = [i for i in dict.fromkeys(ids) if i not in entries]
+            if unknown:
+                raise AllocationError(
+                    f"{self._resource}: unknown device IDs {_show(unknown)} "
+                    f"(not managed by this plugin now)"
+                )
+            repeated = [i for i, n in Counter(ids).items() if n > 1]
+            if repeated:
+                raise AllocationError(
+                    f"{self._resource}: container {index} lists {_show(repeated)} more than once"
+                )
+            # Two containers cannot share a device: each gets a group of its own, and the
+            # second group would take the device out of the first.
+            shared = [i for i in ids if owner.setdefault(i, index) != index]
+            if shared:
+                raise AllocationError(
+                    f"{self._resource}: {_show(shared)} requested by more than one container "
+                    f"(containers {owner[shared[0]]} and {index})"
+                )
+        distinct = list(owner)
+        verdicts = await self._check_health(distinct)
+        unhealthy = [
+            f"{device_id} is {verdict.describe()}"
+            for device_id, verdict in verdicts.items()
+            if verdict.health is Health.UNHEALTHY
+        ]
+        if unhealthy:
+            raise AllocationError(
+                f"{self._resource}: unhealthy devices requested: {'; '.join(unhealthy)}"
+            )
+        return {device_id: entries[device_id].device for device_id in distinct}
+
+    async def _container(
+        self, ids: Sequence[str], snapshot: Mapping[str, Device]
+    ) -> api_pb2.ContainerAllocateResponse:
+        started = time.monotonic()
+        devices = [snapshot[i] for i in ids]
+        bus_ids = sorted(d.bus_id for d in devices)
+        fields: dict[str, Any] = {
+            "resourceName": self._resource,
+            "deviceIDs": list(ids),
+            "busIDs": bus_ids,
+        }
+        with self._tracer.start_as_current_span(
+            "allocateContainer",
+            attributes={
+                "rbln.resource_name": self._resource,
+                "rbln.device.ids": list(ids),
+                "rbln.device.count": len(ids),
+                "rbln.device.bus_ids": bus_ids,
+            },
+        ) as span:
+            log.info("Starting container allocation", **fields)
+            try:
+                dev_root = self._config.dev_root
+                node_paths = [dev_root / d.name for d in devices]
+                await devnodes.wait_for_nodes(
+                    node_paths, self._hostio, accept_files=self._config.test_file_device_nodes
+                )
+                binary = await self._locate_rbln_smi()
+                group = await self._recreate_group(binary, bus_ids)
+                span.set_attribute("rbln.rsd.host_path", str(group.host_path))
+            except Exception as exc:
+                log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
+                # Raised inside the span: the span and its parent record it as an error.
+                raise AllocationError(
+                    f"{self._resource}: {', '.join(ids)}: {exc}", logged=True
+                ) from exc
+        response = api_pb2.ContainerAllocateResponse(annotations=cdi.container_annotations())
+        response.devices.add(
+            container_path=CONTAINER_RSD_PATH,
+            host_path=str(group.host_path),
+            permissions=PERMISSIONS,
+        )
+        for device, path in zip(devices, node_paths, strict=True):
+            response.devices.add(
+                container_path=f"/dev/{device.name}", host_path=str(path), permissions=PERMISSIONS
+            )
+        log.info(
+            "Completed container allocation",
+            **fields, hostRsdPath=str(group.host_path), durationMs=_ms(started),
+        )  # fmt: skip
+        return response
+
+    async def _locate_rbln_smi(self) -> Path:
+        found = await self._hostio.call(
+            "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
+        )
+        if isinstance(found, Stalled):
+            raise rsd.RsdError(f"looking for rbln-smi: {found}")
+        return found
+
+    async def _recreate_group(self, binary: Path, bus_ids: Sequence[str]) -> rsd.RsdGroup:
+        """Recreate the RSD group within one 5 s lock budget.
+
+        This daemon's own allocations queue in arrival order (no 100 ms polling races
+        between them); the time spent in that queue counts against the same budget as
+        the file lock, so no allocation waits longer than the lock policy allows.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + rsd.LOCK_TIMEOUT_S
+        try:
+            async with asyncio.timeout(rsd.LOCK_TIMEOUT_S):
+                await self._rsd_local_lock.acquire()
+        except TimeoutError:
+            raise rsd.RsdError(
+                f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
+                f"{self._config.rsd_lock_path} (queued behind this daemon's earlier allocations)"
+            ) from None
+        try:
+            return await rsd.recreate_rsd_group(
+                binary,
+                bus_ids,
+                self._hostio,
+                lock_path=self._config.rsd_lock_path,
+                dev_root=self._config.dev_root,
+                lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),
+                accept_file_nodes=self._config.test_file_device_nodes,
+            )
+        finally:
+            self._rsd_local_lock.release()
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)

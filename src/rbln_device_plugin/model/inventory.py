@@ -1,0 +1,304 @@
+"""Inventory policy (pure): rbln-smi records + sysfs facts -> devices per resource name.
+
+Two steps, so the host layer only reads sysfs for records worth classifying:
+``select_records`` drops entries whose identity is unusable (bad name or bus ID,
+unsupported product, duplicates); ``classify`` applies the SR-IOV rules. Every exclusion
+that an operator should hear about becomes a ``Problem`` with a stable key, so a caller can
+log each one once while it persists instead of once per scan.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+RESOURCE_NPU: Final = "rebellions.ai/npu"
+RESOURCE_NPU_VF1: Final = "rebellions.ai/npu-vf1"
+RESOURCE_NPU_VF4: Final = "rebellions.ai/npu-vf4"
+
+# Partition mode (the PF's sriov_numvfs) -> resource its VFs are advertised under.
+VF_RESOURCES: Final[Mapping[int, str]] = {1: RESOURCE_NPU_VF1, 4: RESOURCE_NPU_VF4}
+SUPPORTED_PRODUCT_PREFIXES: Final = ("RBLN-CA", "RBLN-CR")
+
+# Names and bus IDs end up in /dev and sysfs paths, so only these exact shapes pass.
+_NAME_RE: Final = re.compile(r"rbln[0-9]{1,6}(?:-[0-9]{1,6})?", re.ASCII)
+_BDF_RE: Final = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", re.ASCII)
+_UNKNOWN_SIDS: Final = frozenset({"", "n/a", "unknown"})
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One advertisable NPU (a PF or an SR-IOV VF) as later stages need it."""
+
+    name: str  # device ID towards the kubelet: "rbln0", VF "rbln0-1"
+    product: str  # "RBLN-CA25"
+    pci_device_id: str  # "1250"
+    bus_id: str  # lowercase BDF "0000:05:00.0"
+    numa: int | None  # None = unknown (missing, invalid or negative)
+    sid: str  # raw SID as rbln-smi reports it
+    parent_bus_id: str | None  # VFs: the hosting PF's BDF; PFs: None
+    # Resolved PCI hierarchy: ("pci0000:00", "0000:00:01.0", ..., bus_id); None = unreadable.
+    pci_path: tuple[str, ...] | None
+
+    @property
+    def is_vf(self) -> bool:
+        return self.parent_bus_id is not None
+
+    @property
+    def sid_known(self) -> bool:
+        return sid_is_known(self.sid)
+
+
+@dataclass(frozen=True, slots=True)
+class SmiRecord:
+    """One device entry of ``rbln-smi -j`` with the fields the plugin uses."""
+
+    name: str  # "device": "rbln0" / "rbln0-0"
+    product: str  # "name": "RBLN-CA25"
+    bus_id: str  # "pci.bus_id", as printed (normalised by select_records)
+    pci_device_id: str = ""  # "pci.dev"
+    numa_node: str = ""  # "pci.numa_node", raw
+    sid: str = ""
+    npu: int | None = None
+    group_id: str | None = None  # only with -g
+
+
+@dataclass(frozen=True, slots=True)
+class SriovFacts:
+    """What sysfs says about one device's SR-IOV role."""
+
+    # Set iff the device is a VF (it has a physfn link): the hosting PF's BDF.
+    parent_bus_id: str | None = None
+    # VF: the parent's sriov_numvfs. PF: its own (None = no file = not partitioned).
+    vf_count: int | None = None
+    # Non-empty when the state could not be determined; the device is then not advertised.
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    sriov: SriovFacts = SriovFacts()
+    pci_path: tuple[str, ...] | None = None
+    # Why pci_path is None (missing link, odd target); empty when it was read.
+    pci_path_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A device-level issue worth one error record while it persists."""
+
+    key: str  # stable identity of the condition (not of the scan)
+    message: str  # log message
+    fields: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """The condition without its subject: "unsupported-vf-count", "duplicate", ..."""
+        return self.key.split(":", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    # Only resources with at least one device appear.
+    resources: Mapping[str, tuple[Device, ...]]
+    problems: tuple[Problem, ...]
+
+
+def natural_key(name: str) -> tuple[tuple[bool, int | str], ...]:
+    """Sort key for device names: rbln2 before rbln10, rbln0 before rbln0-0 (for people;
+    the kubelet sees plain string order)."""
+    parts = (int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name) if p)
+    return tuple((isinstance(p, str), p) for p in parts)
+
+
+def is_valid_name(name: str) -> bool:
+    return _NAME_RE.fullmatch(name) is not None
+
+
+def is_valid_bus_id(bus_id: str) -> bool:
+    return _BDF_RE.fullmatch(bus_id) is not None
+
+
+def is_supported_product(product: str) -> bool:
+    return product.upper().startswith(SUPPORTED_PRODUCT_PREFIXES)
+
+
+def parse_numa(raw: str) -> int | None:
+    """Known iff the value is an integer >= 0."""
+    text = raw.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 6:
+        return None
+    return int(text)
+
+
+def sid_is_known(sid: str) -> bool:
+    """Unknown SIDs (empty, N/A, unknown, all zeros) never group devices into a card."""
+    text = sid.strip().lower()
+    if text in _UNKNOWN_SIDS:
+        return False
+    digits = text.removeprefix("0x")
+    return digits.strip("0") != ""
+
+
+def _fields(record: SmiRecord, **extra: Any) -> dict[str, Any]:
+    return {"device": record.name, "product": record.product, "busID": record.bus_id, **extra}
+
+
+def select_records(records: Iterable[SmiRecord]) -> tuple[list[SmiRecord], list[Problem]]:
+    """Keep records with a usable identity; bus IDs come back lowercase.
+
+    Duplicates keep the first record in rbln-smi's order, so the outcome is stable.
+    """
+    kept: list[SmiRecord] = []
+    problems: list[Problem] = []
+    for record, problem in screen_records(records):
+        if problem is None:
+            kept.append(record)
+        else:
+            problems.append(problem)
+    return kept, problems
+
+
+def screen_records(records: Iterable[SmiRecord]) -> Iterator[tuple[SmiRecord, Problem | None]]:
+    """``select_records`` one record at a time: (kept record, None) or (record, its Problem).
+
+    A kept record comes back with a lowercase bus ID.
+    """
+    names: set[str] = set()
+    bus_ids: set[str] = set()
+    for record in records:
+        if not is_valid_name(record.name):
+            yield (
+                record,
+                Problem(
+                    f"invalid-name:{record.name!r}:{record.bus_id!r}",
+                    "Skipping device with an invalid name",
+                    _fields(record, reason="name must look like rbln<N> or rbln<N>-<K>"),
+                ),
+            )
+            continue
+        if not is_valid_bus_id(record.bus_id):
+            yield (
+                record,
+                Problem(
+                    f"invalid-bus-id:{record.name}:{record.bus_id!r}",
+                    "Skipping device with an invalid PCI bus ID",
+                    _fields(record, reason="bus ID must look like 0000:05:00.0"),
+                ),
+            )
+            continue
+        if not is_supported_product(record.product):
+            yield (
+                record,
+                Problem(
+                    f"unsupported-product:{record.name}:{record.bus_id}:{record.product!r}",
+                    "Skipping unsupported device",
+                    _fields(record, reason="product is not RBLN-CA* or RBLN-CR*"),
+                ),
+            )
+            continue
+        bus_id = record.bus_id.lower()
+        duplicate = "name" if record.name in names else "bus ID" if bus_id in bus_ids else None
+        if duplicate is not None:
+            yield (
+                record,
+                Problem(
+                    f"duplicate:{record.name}:{bus_id}",
+                    "Skipping duplicate device",
+                    _fields(record, reason=f"{duplicate} already listed by an earlier entry"),
+                ),
+            )
+            continue
+        names.add(record.name)
+        bus_ids.add(bus_id)
+        yield (record if bus_id == record.bus_id else _with_bus_id(record, bus_id)), None
+
+
+def _with_bus_id(record: SmiRecord, bus_id: str) -> SmiRecord:
+    return SmiRecord(
+        name=record.name,
+        product=record.product,
+        bus_id=bus_id,
+        pci_device_id=record.pci_device_id,
+        numa_node=record.numa_node,
+        sid=record.sid,
+        npu=record.npu,
+        group_id=record.group_id,
+    )
+
+
+def resource_for(record: SmiRecord, sriov: SriovFacts) -> tuple[str | None, Problem | None]:
+    """The resource a device is advertised under, or None (with a Problem if noteworthy)."""
+    if sriov.error:
+        return None, Problem(
+            f"sriov-indeterminate:{record.name}:{record.bus_id}",
+            "Skipping device with indeterminate SR-IOV state",
+            _fields(record, reason=sriov.error),
+        )
+    if sriov.parent_bus_id is not None:
+        if sriov.vf_count is None:
+            return None, Problem(
+                f"sriov-indeterminate:{record.name}:{record.bus_id}",
+                "Skipping device with indeterminate SR-IOV state",
+                _fields(
+                    record, reason="parent PF has no sriov_numvfs", parentBusID=sriov.parent_bus_id
+                ),
+            )
+        resource = VF_RESOURCES.get(sriov.vf_count)
+        if resource is None:
+            return None, Problem(
+                f"unsupported-vf-count:{record.name}:{record.bus_id}:{sriov.vf_count}",
+                "Skipping VF of a PF with an unsupported VF count",
+                _fields(record, parentBusID=sriov.parent_bus_id, vfCount=sriov.vf_count),
+            )
+        return resource, None
+    if not sriov.vf_count:
+        return RESOURCE_NPU, None
+    # A PF hosting VFs is not advertised: its VFs carry its compute capacity.
+    if sriov.vf_count in VF_RESOURCES:
+        return None, None
+    return None, Problem(
+        f"unsupported-vf-count:{record.name}:{record.bus_id}:{sriov.vf_count}",
+        "Skipping PF with an unsupported VF count",
+        _fields(record, vfCount=sriov.vf_count, reason="supported partition modes are 1 and 4"),
+    )
+
+
+def classify(records: Sequence[SmiRecord], facts: Mapping[str, DeviceFacts]) -> Inventory:
+    """Apply the SR-IOV rules to selected records (see ``select_records``).
+
+    ``facts`` is keyed by lowercase bus ID; a device without an entry is treated as a
+    non-partitioned PF with an unreadable PCI path.
+    """
+    grouped: dict[str, list[Device]] = {}
+    problems: list[Problem] = []
+    missing = DeviceFacts()
+    for record in records:
+        device_facts = facts.get(record.bus_id, missing)
+        resource, problem = resource_for(record, device_facts.sriov)
+        if problem is not None:
+            problems.append(problem)
+        if resource is None:
+            continue
+        grouped.setdefault(resource, []).append(
+            Device(
+                name=record.name,
+                product=record.product,
+                pci_device_id=record.pci_device_id,
+                bus_id=record.bus_id,
+                numa=parse_numa(record.numa_node),
+                sid=record.sid,
+                parent_bus_id=device_facts.sriov.parent_bus_id,
+                pci_path=device_facts.pci_path,
+            )
+        )
+    return Inventory({name: tuple(devices) for name, devices in grouped.items()}, tuple(problems))
+
+
+def build_inventory(records: Iterable[SmiRecord], facts: Mapping[str, DeviceFacts]) -> Inventory:
+    """``select_records`` then ``classify``, with the problems of both steps."""
+    kept, problems = select_records(records)
+    inventory = classify(kept, facts)
+    return Inventory(inventory.resources, (*problems, *inventory.problems))

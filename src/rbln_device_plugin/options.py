@@ -1,0 +1,155 @@
+"""Flags and environment variables -> Config, the same way for every command.
+
+The daemon and ``inspect`` share one parser builder and one parsing path, so a flag
+means the same thing (and fails with the same message) in both. stdout is never used:
+``--help``, ``--version`` and usage text go to stderr, where they cannot be mistaken for
+log records or for ``inspect``'s report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, NoReturn
+
+from rbln_device_plugin import __version__, config
+from rbln_device_plugin.telemetry import logs
+
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+
+PROG: Final = "rbln-device-plugin"
+
+# Every variable any command reads, so a deployment can be checked against them.
+ENVIRONMENT_VARIABLES: Final[frozenset[str]] = frozenset(
+    {option.env for option in config.OPTIONS}
+    | {logs.LEVEL_ENV, logs.FORMAT_ENV, config.IGNORED_ENV}
+)
+
+
+class UsageError(Exception):
+    """A command line or environment the command cannot use; exit status 2."""
+
+
+class _StderrParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+    def print_help(self, file: Any = None) -> None:
+        super().print_help(sys.stderr)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Never breaks a path or flag name at its hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class _VersionAction(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        sys.stderr.write(f"{PROG} {__version__}\n")
+        parser.exit(EXIT_OK)
+
+
+def fill(text: str) -> str:
+    """Help text wrapped the way every command prints it."""
+    return textwrap.fill(text, width=79, break_on_hyphens=False)
+
+
+def build_parser(
+    prog: str, description: str, epilog: str, options: Sequence[config.Option] = config.OPTIONS
+) -> argparse.ArgumentParser:
+    """A parser with ``--version`` and ``options`` (each with its variable and default)."""
+    parser = _StderrParser(
+        prog=prog,
+        description=description,
+        epilog=fill(epilog),
+        allow_abbrev=False,
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
+    for option in options:
+        parser.add_argument(
+            option.flag,
+            dest=option.field,
+            metavar=option.metavar,
+            default=None,
+            help=f"{option.help} [env {option.env}; default {option.help_default}]",
+        )
+    return parser
+
+
+def _value_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
+    return frozenset(
+        flag
+        for action in parser._actions
+        if isinstance(action, argparse._StoreAction)
+        for flag in action.option_strings
+    )
+
+
+def attach_dash_values(argv: Sequence[str], value_flags: frozenset[str]) -> list[str]:
+    """``--flag -1s`` -> ``--flag=-1s`` for every flag that takes a value.
+
+    argparse takes a separate argument that starts with "-" (other than a plain negative
+    number) for another flag and fails with "expected one argument". Like Go's flag
+    package, the word after a value flag is its value, so a negative duration gets the
+    same message, naming the flag and its variable, in both spellings. A word starting
+    with "--" is still left to argparse: that is a forgotten value, not a value.
+    Nothing after a bare "--" is touched.
+    """
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":  # everything after it is positional: leave it to argparse
+            out.extend(argv[index:])
+            break
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if (
+            word in value_flags
+            and following is not None
+            and following.startswith("-")
+            and not following.startswith("--")
+        ):
+            out.append(f"{word}={following}")
+            index += 2
+            continue
+        out.append(word)
+        index += 1
+    return out
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv`` with Go's rule for values that start with "-" (see above)."""
+    return parser.parse_args(attach_dash_values(argv, _value_flags(parser)))
+
+
+def resolve(namespace: argparse.Namespace, environ: Mapping[str, str]) -> config.Config:
+    """Parsed flags + environment -> Config; UsageError names the flag and its variable."""
+    try:
+        return config.resolve(vars(namespace), environ)
+    except config.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    return build_parser(
+        PROG,
+        "Kubernetes device plugin for Rebellions NPUs.",
+        "A flag beats its environment variable, which beats the default. Logging is "
+        f"set only through environment variables: {logs.LEVEL_ENV} accepts "
+        f"{logs.describe_levels()} (default {logs.DEFAULT_LEVEL}); {logs.FORMAT_ENV} "
+        f"accepts {', '.join(logs.FORMATS)} (default {logs.DEFAULT_FORMAT}). "
+        "`rbln-device-plugin inspect [flags]` reports on the node without starting "
+        "the daemon (see inspect --help).",
+    )
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
+    """The daemon's command line + environment -> Config. Raises UsageError."""
+    return resolve(parse_args(daemon_parser(), argv), environ)

@@ -1,0 +1,231 @@
+"""The scan loop: inventory snapshots -> one ResourcePlugin per resource name.
+
+It scans at start and then on a fixed schedule (no drift, no overlap), starts, updates
+and stops plugins to match each snapshot, registers them with the kubelet, re-registers
+after the kubelet's stream ends, and restarts everything when the kubelet recreates its
+socket (see ``kubelet.watch``).
+
+Nothing here waits for the kubelet: each registration is a task of its own with the
+kubelet API's 10 s limit, so a kubelet that accepts ``Register`` and never answers
+delays neither the other resources nor the scans, and the health service turns SERVING
+after the first scan whatever the kubelet does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
+from typing import Final
+
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.host.scan import DiscoveryError, Scanner
+from rbln_device_plugin.kubelet import cdi
+from rbln_device_plugin.kubelet.plugin import RegistrationError, ResourcePlugin
+from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
+from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.tracing import Tracer
+from rbln_device_plugin.waits import unless_stopped, wait_any
+
+# A kubelet restart also ends every stream. Wait this long for its new socket before
+# treating an ended stream as lost on its own (and saying so).
+STREAM_LOSS_GRACE_S: Final = 0.5
+
+log = get_logger()
+
+
+class Manager:
+    def __init__(
+        self,
+        config: Config,
+        tracer: Tracer,
+        on_first_scan: Callable[[], Awaitable[None]],
+        scanner: Scanner | None = None,
+        hostio: HostIO | None = None,
+        on_scan: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._config = config
+        self._tracer = tracer
+        self._on_first_scan = on_first_scan
+        self._on_scan = on_scan
+        self._hostio = hostio or HostIO()
+        self._scanner = scanner or Scanner(
+            sysfs_root=config.sysfs_root, smi_path=config.rbln_smi, hostio=self._hostio
+        )
+        self.plugins: dict[str, ResourcePlugin] = {}
+        self._wake = asyncio.Event()
+        # Serialises this daemon's RSD group changes (every resource plugin), in arrival
+        # order, in front of the node-wide RSD file lock.
+        self._rsd_local_lock = asyncio.Lock()
+        self.kubelet = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
+        self._restart_pending = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.scans = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._clean_cdi()
+        watcher = asyncio.create_task(self.kubelet.run(stop), name="kubelet-watch")
+        loop = asyncio.get_running_loop()
+        interval = self._config.scan_interval
+        next_scan = loop.time()
+        try:
+            while not stop.is_set():
+                if not await unless_stopped(self._scan_once(), stop):
+                    break
+                if self.scans == 1:
+                    await self._on_first_scan()
+                now = loop.time()
+                if next_scan <= now:
+                    next_scan += interval
+                    if next_scan <= now:  # a scan outlasted the interval: skip, don't pile up
+                        next_scan = now + interval
+                # Woken early (kubelet restart, lost stream): reconcile now, keep the schedule.
+                await wait_any(stop, self._wake, timeout=max(0.0, next_scan - loop.time()))
+                self._wake.clear()
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._stop_all()
+
+    async def _scan_once(self) -> None:
+        self._on_scan()
+        await self._restart_if_kubelet_restarted()
+        await self._reconcile()
+
+    # ----------------------------------------------------------------- scanning
+    async def _reconcile(self) -> None:
+        started = time.monotonic()
+        self.scans += 1
+        try:
+            result = await self._scanner.scan()
+            wanted: Mapping[str, Sequence[Device]] = {
+                name: devices for name, devices in result.resources.items() if devices
+            }
+        except DiscoveryError as exc:
+            log.error("Device discovery failed; reporting zero devices until it recovers", err=exc)
+            wanted = {}
+        except Exception as exc:  # a bug on odd input must not end the scan loop
+            log.error(
+                "Device discovery failed; reporting zero devices until it recovers",
+                err=f"internal error: {exc!r}", exc_info=True,
+            )  # fmt: skip
+            wanted = {}
+        # The kubelet may have restarted while rbln-smi ran: restart first, register once.
+        await self._restart_if_kubelet_restarted()
+        for resource in sorted(set(self.plugins) - set(wanted)):
+            plugin = self.plugins.pop(resource)
+            await plugin.update(())  # every device disappears, and is logged as such
+            await plugin.stop()
+            log.info("Stopped device plugin for absent resource", resourceName=resource)
+        for resource in sorted(wanted):
+            try:
+                await self._sync_plugin(resource, wanted[resource])
+            except Exception as exc:  # one resource's trouble must not cost the others
+                log.error(
+                    "Cannot update device plugin; retrying next scan",
+                    resourceName=resource, err=exc, exc_info=True,
+                )  # fmt: skip
+        log.debug(
+            "Reconciled device inventory",
+            resourceCount=len(self.plugins),
+            deviceCount=sum(len(devices) for devices in wanted.values()),
+            durationMs=round((time.monotonic() - started) * 1000, 2),
+            tasks=len(asyncio.all_tasks()),
+            streams=sum(plugin.open_streams for plugin in self.plugins.values()),
+        )
+
+    async def _sync_plugin(self, resource: str, devices: Sequence[Device]) -> None:
+        plugin = self.plugins.get(resource)
+        if plugin is not None and not plugin.socket_intact():
+            log.warning(
+                "Device plugin socket was removed; restarting the plugin",
+                resourceName=resource, socketPath=str(plugin.socket_path),
+            )  # fmt: skip
+            await plugin.stop()
+            del self.plugins[resource]
+            plugin = None
+        if plugin is None:
+            plugin = ResourcePlugin(
+                resource,
+                self._config,
+                self._tracer,
+                self._stream_lost,
+                self._rsd_local_lock,
+                self._hostio,
+            )
+            try:
+                await plugin.start()
+            except (OSError, RuntimeError) as exc:
+                log.error(
+                    "Cannot start device plugin server; retrying next scan",
+                    resourceName=resource, socketPath=str(plugin.socket_path), err=exc,
+                )  # fmt: skip
+                await plugin.stop()
+                return
+            self.plugins[resource] = plugin
+        await plugin.update(devices)
+        if not plugin.registered and plugin.registration is None:
+            plugin.registration = asyncio.create_task(
+                self._register(plugin), name=f"register {resource}"
+            )
+
+    async def _register(self, plugin: ResourcePlugin) -> None:
+        try:
+            await plugin.register()
+        except RegistrationError as exc:
+            log.error(
+                "Device plugin registration failed; retrying next scan",
+                resourceName=plugin.resource, err=exc,
+            )  # fmt: skip
+        else:
+            plugin.announce()
+        finally:
+            plugin.registration = None
+
+    def _stream_lost(self, plugin: ResourcePlugin) -> None:
+        """The kubelet's stream of ``plugin`` ended: a restart, or a stream lost alone."""
+        self._spawn(self._after_stream_loss(plugin), f"stream lost {plugin.resource}")
+
+    async def _after_stream_loss(self, plugin: ResourcePlugin) -> None:
+        await asyncio.sleep(STREAM_LOSS_GRACE_S)
+        self.kubelet.check()
+        if self._restart_pending or self.plugins.get(plugin.resource) is not plugin:
+            return  # a kubelet restart: every plugin starts again, nothing was lost
+        # The kubelet never reopens a stream on its own: register again.
+        plugin.registered = False
+        log.warning("ListAndWatch stream ended; registering again", resourceName=plugin.resource)
+        self._wake.set()
+
+    def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coroutine)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _stop_all(self) -> None:
+        plugins, self.plugins = self.plugins, {}
+        await asyncio.gather(*(plugin.stop() for plugin in plugins.values()))
+
+    # ----------------------------------------------------------------- kubelet
+    def _kubelet_restarted(self) -> None:
+        """A new kubelet.sock: the scan loop restarts the plugins, in one task."""
+        self._restart_pending = True
+        self._wake.set()
+
+    async def _restart_if_kubelet_restarted(self) -> None:
+        self.kubelet.check()  # a cheap stat per scan backs up the watch
+        if self._restart_pending:
+            self._restart_pending = False
+            await self._stop_all()
+            await self._clean_cdi()
+
+    async def _clean_cdi(self) -> None:
+        await self._hostio.call(
+            str(self._config.cdi_root), partial(cdi.remove_transient_specs, self._config.cdi_root)
+        )

@@ -1,0 +1,223 @@
+"""The package's shape: imports point down the layers and never form a cycle (imports
+inside functions included), the daemon never reaches the simulator, and the runtime wheel
+carries the daemon alone."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+SIM_SRC = REPO / "sim" / "src"
+DAEMON = "rbln_device_plugin"
+SIM = "rbln_device_plugin_sim"
+
+# Each tier may import only from lower tiers; layers of one tier are independent of each
+# other. Tier 0 holds leaf modules that anything may use (and that use each other).
+TIERS: tuple[frozenset[str], ...] = (
+    frozenset({"__init__", "_version", "_build_version", "api", "waits"}),
+    frozenset({"config", "model"}),  # pure: plain data in, plain data out
+    frozenset({"telemetry", "topology"}),
+    frozenset({"host", "options"}),
+    frozenset({"kubelet", "inspect"}),
+    frozenset({"runtime"}),
+    frozenset({"cli"}),
+    frozenset({"__main__"}),
+)
+TIER_OF: Mapping[str, int] = {layer: rank for rank, tier in enumerate(TIERS) for layer in tier}
+
+
+def module_files(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``package`` under ``root``."""
+    modules: dict[str, Path] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, known: Iterable[str]) -> set[str]:
+    """Every module ``name`` imports, anywhere in the file (functions, TYPE_CHECKING)."""
+    known = set(known)
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            # `from pkg import module` depends on the module, not only on pkg.
+            found.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known)
+    return found
+
+
+def import_graph(modules: Mapping[str, Path], prefixes: tuple[str, ...]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for target in imports_of(name, path, modules):
+            # An import of a submodule also runs its packages' __init__: only the deepest
+            # known module counts as the edge.
+            while target and target not in modules and target.startswith(prefixes):
+                target = target.rpartition(".")[0]
+            if target in modules and target != name:
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    """Edges that leave their layer for one that is not in a lower tier."""
+    wrong = []
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = layer(source), layer(target)
+            if a == b or (TIER_OF[a] == 0 and TIER_OF[b] == 0):
+                continue
+            if TIER_OF[b] >= TIER_OF[a]:
+                wrong.append(
+                    f"{source} ({a}, tier {TIER_OF[a]}) imports {target} ({b}, tier {TIER_OF[b]})"
+                )
+    return wrong
+
+
+# --------------------------------------------------------------------------- the checks
+def test_every_layer_of_the_package_is_placed_in_a_tier() -> None:
+    layers = {layer(name) for name in module_files(SRC, DAEMON)}
+    assert layers <= set(TIER_OF), sorted(layers - set(TIER_OF))
+
+
+def test_daemon_imports_point_down_the_layers_without_cycles() -> None:
+    modules = module_files(SRC, DAEMON)
+    graph = import_graph(modules, (DAEMON,))
+    assert sum(len(targets) for targets in graph.values()) > 100, "the parser found no imports"
+    assert cycles(graph) == []
+    assert upward_imports(graph) == []
+
+
+def test_simulator_imports_have_no_cycles() -> None:
+    modules = module_files(SIM_SRC, SIM)
+    assert cycles(import_graph(modules, (SIM,))) == []
+
+
+def test_the_daemon_never_reaches_the_simulator() -> None:
+    modules = module_files(SRC, DAEMON)
+    for name, path in modules.items():
+        text = path.read_text()
+        assert SIM not in text, f"{name} mentions the simulator"
+        assert not {i for i in imports_of(name, path, modules) if i.startswith(SIM)}
+
+
+def test_checker_finds_a_cycle_hidden_in_a_function_and_an_upward_import(tmp_path: Path) -> None:
+    package = tmp_path / DAEMON
+    for sub in ("host", "kubelet", "model"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "host" / "a.py").write_text("def f():\n    from rbln_device_plugin.host import b\n")
+    (package / "host" / "b.py").write_text("from rbln_device_plugin.host.a import f\n")
+    (package / "model" / "pure.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from rbln_device_plugin.kubelet import plugin\n"
+    )
+    (package / "kubelet" / "plugin.py").write_text("from ..model import pure\n")
+    graph = import_graph(module_files(tmp_path, DAEMON), (DAEMON,))
+    assert cycles(graph) == [
+        [f"{DAEMON}.host.a", f"{DAEMON}.host.b"],
+        [f"{DAEMON}.kubelet.plugin", f"{DAEMON}.model.pure"],
+    ]
+    assert upward_imports(graph) == [
+        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet (kubelet, tier 4)",
+        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet.plugin (kubelet, tier 4)",
+    ]
+
+
+# --------------------------------------------------------------------------- the wheels
+def build_wheel(project: Path, outdir: Path) -> zipfile.ZipFile:
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir",
+         str(outdir), str(project)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and "No matching distribution" in done.stdout + done.stderr:
+        pytest.skip("the build backend cannot be fetched from this machine")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (wheel,) = outdir.glob("*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def test_runtime_wheel_holds_the_daemon_and_nothing_of_the_simulator(tmp_path: Path) -> None:
+    with build_wheel(REPO, tmp_path) as wheel:
+        names = wheel.namelist()
+        entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        scripts = wheel.read(entry_points).decode()
+    code = {n for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    expected = {
+        path.relative_to(SRC).as_posix()
+        for path in (SRC / DAEMON).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert code == expected | {f"{DAEMON}/_version.py"}
+    assert not [n for n in names if "sim" in n.lower().replace("simple", "")]
+    assert "rbln-device-plugin = rbln_device_plugin.cli:main" in scripts
+    assert "rbln-device-plugin-sim" not in scripts
+    print(f"runtime wheel: {len(code)} files, {sum(1 for n in code if n.endswith('.py'))} modules")
+
+
+def test_simulator_wheel_holds_the_simulator_only(tmp_path: Path) -> None:
+    with build_wheel(REPO / "sim", tmp_path) as wheel:
+        code = {n for n in wheel.namelist() if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert code and all(n.startswith(f"{SIM}/") for n in code), sorted(code)
