@@ -121,6 +121,26 @@ class SimNode(NodePaths):
         with self.store.transaction() as state:
             state.faults.clear()
 
+    def held(self) -> list[tuple[int, str]]:
+        """rbln-smi invocations waiting in a HOLD fault, as (pid, command), by pid.
+
+        An invocation killed while held (its caller timed out or died) is not listed.
+        """
+        held = []
+        for marker in _entries(self.store.held_dir):
+            try:
+                command = marker.read_text(encoding="utf-8")
+            except FileNotFoundError:  # released meanwhile
+                continue
+            if command and _alive(int(marker.name)):
+                held.append((int(marker.name), command))
+        return sorted(held)
+
+    def release_held(self) -> None:
+        """Let every held invocation go on (each then runs its command as usual)."""
+        for marker in _entries(self.store.held_dir):
+            marker.unlink(missing_ok=True)
+
     def _device(self, name: str) -> SimDevice:
         try:
             return self.layout.device(name)
@@ -145,6 +165,22 @@ class SimNode(NodePaths):
             d for d in self.layout.devices if d.name not in names
         )
         self.save_layout()
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def materialize(layout: Layout, root: Path | str) -> SimNode:
