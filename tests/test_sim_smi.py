@@ -171,7 +171,7 @@ def test_a_held_invocation_waits_for_its_release_then_runs(node: SimNode) -> Non
         assert create.poll() is None
         assert set(group_of(node).values()) == {"0"}
         node.release_held()
-        out, err = create.communicate(timeout=30)
+        _, err = create.communicate(timeout=30)
     finally:
         if create.poll() is None:
             create.kill()
