@@ -492,12 +492,12 @@ async def test_sigterm_during_an_allocate() -> None:
             with pytest.raises(grpc.aio.AioRpcError):
                 await asyncio.wait_for(call, CALL_GUARD_S)
             assert h.sockets() == ["kubelet.sock"]
-            assert lock_is_free(h.node.rsd_lock_path)
             # The daemon took its rbln-smi child down with it: nothing changes groups
             # later. A held call never ends by itself, so an orphan would stay alive.
             await wait_until(
                 lambda: not pid_alive(create_pid), 30, "rbln-smi to go with the daemon"
             )
+            assert lock_is_free(h.node.rsd_lock_path)
         finally:
             h.node.release_held()  # an orphan (the failure above) ends as it would have
         assert groups(h) == {}  # the held create never ran
