@@ -151,7 +151,8 @@ async def test_an_id_shared_by_two_containers_is_refused_before_any_host_access(
     ("fault", "expected"),
     [(Fault("error", commands=("group-create",)), "exit"),
      (Fault("garbage", commands=("list-groups",)), "JSON"),
-     (Fault("hang", commands=("list-groups",)), "timed out")],
+     pytest.param(Fault("hang", commands=("list-groups",)), "timed out",
+                  marks=pytest.mark.slow)],  # waits out the 5 s rbln-smi limit
 )  # fmt: skip
 async def test_rbln_smi_failures_fail_the_request_and_the_daemon_serves_on(
     fault: Fault, expected: str
@@ -169,6 +170,7 @@ async def test_rbln_smi_failures_fail_the_request_and_the_daemon_serves_on(
         _assert_lock_free(h.node.rsd_lock_path)
 
 
+@pytest.mark.slow  # waits out the 5 s wait for the group's node
 async def test_missing_rsd_node_fails_after_polling() -> None:
     async with running("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)

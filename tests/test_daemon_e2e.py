@@ -138,6 +138,7 @@ async def test_discovery_failure_stops_plugins_and_recovery_restarts_them() -> N
         assert view.count("Healthy") == 4
 
 
+@pytest.mark.slow  # waits out the 5 s rbln-smi limit
 async def test_garbage_and_hanging_rbln_smi_are_discovery_failures() -> None:
     async with running("rebel-4", interval="200ms") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)

@@ -241,6 +241,7 @@ def test_bad_push_flag_fails_before_docker_runs(tmp_path: Path) -> None:
 # ------------------------------------------------------------------- static checks, no engine
 
 
+@pytest.mark.slow  # installs the image's virtualenv or builds the wheel
 def test_static_check_target_passes_without_a_docker_engine(tmp_path: Path) -> None:
     done = make("check", "DOCKER=/nonexistent", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -417,6 +418,7 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
+@pytest.mark.slow  # installs the image's virtualenv or builds the wheel
 def test_image_venv_has_no_pip_and_satisfies_its_requirements(image_venv: Path) -> None:
     python = str(image_venv / "bin" / "python")
     listing = (
@@ -432,6 +434,7 @@ def test_image_venv_has_no_pip_and_satisfies_its_requirements(image_venv: Path) 
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+@pytest.mark.slow  # installs the image's virtualenv or builds the wheel
 def test_image_build_version_reaches_version_start_record_and_traces(
     image_venv: Path, short_tmp: Path
 ) -> None:

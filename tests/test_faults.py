@@ -154,6 +154,7 @@ async def test_kubelet_restarts_while_allocations_run() -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.slow
 async def test_kubelet_restarts_a_hundred_times_while_allocations_run() -> None:
     await restart_storm(100)
 

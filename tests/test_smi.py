@@ -197,7 +197,7 @@ async def test_runaway_output_is_capped_and_the_tool_killed(tmp_path: Path) -> N
         f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
         "chunk = b'x' * 65536\nwhile True: sys.stdout.buffer.write(chunk)",
     )
-    with pytest.raises(SmiError, match="printed more than 1000000 bytes .*and was killed"):
+    with pytest.raises(SmiError, match=r"printed more than 1000000 bytes .*and was killed"):
         await run_smi(tool, ["-j"], 10, max_output=1_000_000)
     pid = int(pidfile.read_text())
     await wait_until(lambda: not alive(pid), 30, "the runaway tool to be gone")

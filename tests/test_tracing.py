@@ -253,6 +253,7 @@ async def test_malformed_endpoint_keeps_allocations_working() -> None:
         assert code == 0
 
 
+@pytest.mark.slow  # the exporter's 5 s limit runs out during the test and at shutdown
 @pytest.mark.parametrize("mode", ["unreachable", "hanging"])
 async def test_broken_collector_never_delays_allocations_or_shutdown(mode: str) -> None:
     async with receiver(hang=True) as (collector, hanging_port):
