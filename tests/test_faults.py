@@ -48,6 +48,10 @@ from .fault_helpers import (
     wait_until,
 )
 
+# Every test takes an idle baseline over several scans and waits for the daemon to
+# settle back to it: seconds each.
+pytestmark = pytest.mark.slow
+
 SRIOV_COUNTS = {NPU: 2, VF1: 1, VF4: 4}
 DISCOVERY_FAILED = "Device discovery failed; reporting zero devices until it recovers"
 # Uncatalogued messages, named here only to allow them as expected errors.
@@ -148,13 +152,11 @@ async def restart_storm(restarts: int) -> None:
         no_crash_records(h.daemon, [ALLOCATION_FAILED])
 
 
-@pytest.mark.slow
 async def test_kubelet_restarts_while_allocations_run() -> None:
     await restart_storm(10)
 
 
 @pytest.mark.soak
-@pytest.mark.slow
 async def test_kubelet_restarts_a_hundred_times_while_allocations_run() -> None:
     await restart_storm(100)
 
@@ -431,7 +433,6 @@ sys.stdin.read()  # hold until the test closes our stdin
 """
 
 
-@pytest.mark.slow  # both calls wait out the 5 s lock budget
 async def test_allocates_racing_a_lock_held_by_another_process() -> None:
     async with launch("rebel-sriov") as h:
         await registered(h, SRIOV_COUNTS)
