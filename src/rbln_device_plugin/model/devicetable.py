@@ -2,9 +2,10 @@
 
 A ``DeviceTable`` lives as long as its resource plugin instance; its ``HealthHistory``
 is passed in by the owner, who decides how long it lasts (the scan loop keeps one per
-resource across kubelet restarts). A device that leaves and returns keeps its history. Status readings are passed in, so the policy is tested without files; the
-plugin holds one lock around each batch of reads and the update that applies them, so
-observations reach the history in the order they were read.
+resource across kubelet restarts). A device that leaves and returns keeps its history.
+Status readings are passed in, so the policy is tested without files; the plugin holds
+one lock around each batch of reads and the update that applies them, so observations
+reach the history in the order they were read.
 """
 
 from __future__ import annotations
