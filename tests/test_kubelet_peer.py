@@ -14,6 +14,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -301,8 +302,8 @@ def test_kubelet_restart_keeps_allocations_history_and_one_instance(kube: Build)
             "Device state changed", device="rbln3", status="UNREADABLE (last read FAULT)"
         )
         waiting = s.new_daemon()  # a second instance on the same kubelet directory
-        waiting.wait_for(LOCK_WAIT)
-        lock = s.node.kubelet_dir / "rbln-device-plugin.lock"
+        (held_by_first,) = waiting.wait_for(LOCK_WAIT)
+        lock = Path(held_by_first["lockPath"])
         lock_inode = lock.stat().st_ino
 
         started = s.restart_kubelet()
