@@ -387,3 +387,23 @@ def test_app_container_reuses_the_init_containers_devices(kube: Build) -> None:
         assert not s.daemon.find("Container allocation failed")
         for container in ("prep", "main"):
             assert s.peer.options(uid, container)["Devices"]
+
+
+# ---------------------------------------------------------------- re-registration
+def test_deleted_plugin_socket_re_registers_after_the_stream_ends(kube: Build) -> None:
+    # The manager keeps one client per resource and socket until its stream ends (1.37
+    # refuses a second Register with "device plugin already connected"; 1.34 accepts it
+    # and marks the resource unhealthy when the old stream ends): the daemon must end
+    # the old stream before it registers again.
+    with scene(kube, "rebel-sriov") as s:
+        registered(s.peer, SRIOV_DEVICES)
+        mark = s.peer.mark()
+        (s.node.kubelet_dir / "rbln-device-plugin-rebellions-ai-npu.sock").unlink()
+        s.daemon.wait_for("Device plugin socket was removed; restarting the plugin")
+        (ended,) = s.peer.wait_log(STREAM_ENDED, since=mark, resource=NPU)
+        (again,) = s.peer.wait_log(REGISTER, since=mark, resourceName=NPU)
+        assert ended["t"] < again["t"]
+        registered(s.peer, {NPU: SRIOV_DEVICES[NPU]}, since=mark)
+        s.daemon.wait_for("Registered device plugin with kubelet", count=4)
+        assert not s.daemon.find("Device plugin registration failed; retrying next scan")
+        assert s.peer.capacity() == (_counts(), _counts())
