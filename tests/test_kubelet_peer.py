@@ -9,8 +9,10 @@ read from the manager itself, never from a stand-in.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -407,3 +409,23 @@ def test_deleted_plugin_socket_re_registers_after_the_stream_ends(kube: Build) -
         s.daemon.wait_for("Registered device plugin with kubelet", count=4)
         assert not s.daemon.find("Device plugin registration failed; retrying next scan")
         assert s.peer.capacity() == (_counts(), _counts())
+
+
+# ---------------------------------------------------------------- safety
+def test_driver_refuses_to_mount_in_the_machines_namespace(kube: Build) -> None:
+    # Started without unshare, the driver would bind over the machine's own kubelet
+    # directory: it must refuse before mounting anything.
+    assert kube.binary is not None
+    root = short_tempdir()
+    try:
+        before = Path("/proc/self/mountinfo").read_text()
+        done = subprocess.run(
+            [str(kube.binary), "-kubelet-dir", str(root)],
+            capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert done.returncode == 1
+        (fatal,) = [json.loads(line) for line in done.stdout.splitlines()]
+        assert fatal["event"] == "fatal" and "refusing to mount" in fatal["error"]
+        assert Path("/proc/self/mountinfo").read_text() == before
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
