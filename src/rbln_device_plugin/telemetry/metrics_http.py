@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable
 from typing import Final
 
@@ -36,7 +37,7 @@ class MetricsEndpointError(RuntimeError):
 class MetricsEndpoint:
     def __init__(self, port: int, render: Callable[[], str], host: str | None = None) -> None:
         self._requested_port = port
-        self._host = host  # None: every interface, IPv4 and IPv6
+        self._host = host  # None: every interface, IPv6 and IPv4 on one socket
         self._render = render
         self._server: asyncio.Server | None = None
         self._waiting: dict[asyncio.StreamWriter, None] = {}  # insertion order = age
@@ -46,13 +47,8 @@ class MetricsEndpoint:
 
     async def start(self) -> None:
         try:
-            server = await asyncio.start_server(
-                self._serve,
-                self._host,
-                self._requested_port,
-                limit=MAX_HEAD_BYTES,
-                reuse_address=True,
-            )
+            listener = _listen(self._host, self._requested_port)
+            server = await asyncio.start_server(self._serve, sock=listener, limit=MAX_HEAD_BYTES)
         except OSError as exc:
             raise MetricsEndpointError(
                 f"cannot listen on port {self._requested_port} for metrics "
@@ -122,6 +118,37 @@ class MetricsEndpoint:
 
     def _render_done(self, _: asyncio.Future[str]) -> None:
         self._pending = None
+
+
+def _listen(host: str | None, port: int) -> socket.socket:
+    """One listening socket: dual-stack on every interface unless a host is given, so a
+    single port (also when 0 picks one) serves IPv4 and IPv6 scrapers alike."""
+    if host is None and socket.has_ipv6:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:  # IPv6 disabled in the kernel: IPv4 only
+            pass
+        else:
+            try:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                return _bind(sock, "::", port)
+            except OSError:
+                sock.close()
+                raise
+    family = socket.AF_INET6 if host is not None and ":" in host else socket.AF_INET
+    return _bind(socket.socket(family, socket.SOCK_STREAM), host or "0.0.0.0", port)
+
+
+def _bind(sock: socket.socket, host: str, port: int) -> socket.socket:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _response(status: str, body: bytes, head_only: bool) -> bytes:
