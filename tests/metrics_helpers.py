@@ -133,9 +133,7 @@ def otlp_samples(request: Any) -> tuple[Samples, dict[str, str]]:
     samples: Samples = {}
     resource: dict[str, str] = {}
     for resource_metrics in request.resource_metrics:
-        resource.update(
-            {a.key: a.value.string_value for a in resource_metrics.resource.attributes}
-        )
+        resource.update({a.key: a.value.string_value for a in resource_metrics.resource.attributes})
         for scope in resource_metrics.scope_metrics:
             for metric in scope.metrics:
                 base = metric.name.replace(".", "_") + ("_seconds" if metric.unit == "s" else "")

@@ -153,8 +153,10 @@ async def test_a_kubelet_restart_moves_restarts_registrations_and_streams() -> N
         await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and len(v.devices) == 4)
         after = await scrape_until(
             port,
-            lambda s: value(s, "kubelet_registrations_total", resource=NPU, result="ok") == 2
-            and value(s, "list_and_watch_streams", resource=NPU) == 1,
+            lambda s: (
+                value(s, "kubelet_registrations_total", resource=NPU, result="ok") == 2
+                and value(s, "list_and_watch_streams", resource=NPU) == 1
+            ),
         )
         assert value(after, "kubelet_restarts_total") == 1
         # A restart re-creates the plugins, but the kubelet was offered the same devices.
@@ -173,7 +175,9 @@ async def test_discovery_failures_and_inventory_changes_are_counted() -> None:
         )
         assert value(samples, "discovery_failures_total") == 0
         h.node.inject_fault(Fault("error", commands=("list",)))
-        failed = await scrape_until(port, lambda s: (value(s, "discovery_failures_total") or 0) >= 1)
+        failed = await scrape_until(
+            port, lambda s: (value(s, "discovery_failures_total") or 0) >= 1
+        )
         assert total(failed, "rbln_smi_calls_total", subcommand="list", result="error") >= 1
         assert total(failed, "scan_duration_seconds_count", result="discovery_failed") >= 1
         # Zero devices while discovery fails: the resource's series go with its plugin.
