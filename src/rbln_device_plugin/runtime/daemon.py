@@ -15,7 +15,7 @@ from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
 from rbln_device_plugin.runtime.manager import Manager
-from rbln_device_plugin.telemetry import metrics, tracing
+from rbln_device_plugin.telemetry import metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -104,7 +104,7 @@ async def _serve_locked(
     instance: InstanceLock,
 ) -> int:
     tracer = tracing.setup(config)
-    recorder = await metrics.start(config)
+    recorder = await metrics_setup.start(config)
 
     async def mark_ready() -> None:
         if health is not None:

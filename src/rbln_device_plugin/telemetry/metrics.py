@@ -17,11 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from rbln_device_plugin.config import Config
 from rbln_device_plugin.model.devicetable import Entry
-from rbln_device_plugin.telemetry.logs import get_logger
-
-log = get_logger()
 
 # Result classes, shared by the call sites and the README's metric table.
 OK: Final = "ok"
@@ -119,21 +115,3 @@ def smi_subcommand(args: Sequence[str]) -> str:
     """The bounded name of an ``rbln-smi`` invocation: list, group_list, group_create, ..."""
     whole = tuple(args)
     return _SMI_SUBCOMMANDS.get(whole) or _SMI_SUBCOMMANDS.get(whole[:2], "other")
-
-
-async def start(config: Config) -> Metrics:
-    """The recorder for this configuration; a setup failure logs and records nothing."""
-    if not config.metrics_enabled:
-        log.info(
-            "Metrics disabled; no metrics port or OTLP metrics configured",
-            metricsPort=config.metrics_port,
-        )  # fmt: skip
-        return NOOP
-    try:
-        # Imported only when enabled: the SDK and exporters stay out of a lean daemon.
-        from rbln_device_plugin.telemetry import otel_metrics
-
-        return await otel_metrics.start(config)
-    except Exception as exc:
-        log.warning("Metrics setup failed; continuing without metrics", err=exc, exc_info=True)
-        return NOOP
