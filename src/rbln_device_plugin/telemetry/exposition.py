@@ -12,6 +12,7 @@ Pure: plain SDK data in, text out (the endpoint and the tests share it).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -84,11 +85,19 @@ def format_value(value: float) -> str:
 
 
 def _labels(attributes: Mapping[str, Any] | None, extra: tuple[str, str] | None = None) -> str:
-    pairs = [(label_name(k), str(v)) for k, v in sorted((attributes or {}).items())]
-    if extra is not None:
-        pairs.append(extra)
-    if not pairs:
+    block = _label_block(tuple(attributes.items()) if attributes else ())
+    if extra is None:
+        return block
+    pair = f'{extra[0]}="{_escape(extra[1])}"'
+    return f"{block[:-1]},{pair}}}" if block else f"{{{pair}}}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _label_block(items: tuple[tuple[str, Any], ...]) -> str:
+    """``{k="v",...}`` sorted by key; cached, as the same label sets recur on every scrape."""
+    if not items:
         return ""
+    pairs = sorted((label_name(k), str(v)) for k, v in items)
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
 from opentelemetry.sdk.resources import Resource
 
@@ -28,7 +28,7 @@ from rbln_device_plugin import __version__
 from rbln_device_plugin.config import Config, format_duration
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.telemetry import exposition, logs, tracing
-from rbln_device_plugin.telemetry.metrics import Metrics, status_label
+from rbln_device_plugin.telemetry.metrics import NOOP, Metrics, status_label
 from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint, MetricsEndpointError
 from rbln_device_plugin.waits import set_result_threadsafe
 
@@ -293,7 +293,13 @@ async def start(config: Config) -> Metrics:
         }
     )
     # No atexit hook: an unreachable collector would hold the exiting process for seconds.
-    provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    provider = MeterProvider(
+        resource=resource,
+        metric_readers=readers,
+        shutdown_on_exit=False,
+        # No exemplars: no spans to link them to, and the filter costs on every measurement.
+        exemplar_filter=AlwaysOffExemplarFilter(),
+    )
     recorder = OtelMetrics(provider, pull)
     if pull is not None:
         endpoint = MetricsEndpoint(config.metrics_port, recorder.render)
@@ -303,4 +309,7 @@ async def start(config: Config) -> Metrics:
             log.error("Cannot start metrics endpoint; continuing without it", err=exc)
         else:
             recorder.endpoint = endpoint
+    if recorder.endpoint is None and not config.metrics_otlp:
+        await recorder.shutdown()  # no way out is left: record nothing at all
+        return NOOP
     return recorder
