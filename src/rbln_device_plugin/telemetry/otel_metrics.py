@@ -167,10 +167,11 @@ class OtelMetrics(Metrics):
             self._disappeared.add(disappeared, {"resource": resource})
 
     def devices(self, resource: str, entries: Mapping[str, Entry] | None) -> None:
-        if entries is None:
-            self._tables.pop(resource, None)
-        else:
-            self._tables[resource] = entries
+        # Copy on write: a collecting thread holds the old mapping, never a changing one.
+        tables = {name: known for name, known in self._tables.items() if name != resource}
+        if entries is not None:
+            tables[resource] = entries
+        self._tables = tables
 
     def registration(self, resource: str, result: str) -> None:
         self._registrations.add(1, {"resource": resource, "result": result})
@@ -189,7 +190,7 @@ class OtelMetrics(Metrics):
 
     # ------------------------------------------------------------- collection (any thread)
     def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:
-        return list(dict(self._tables).items())  # one C-level copy: safe against the loop
+        return list(self._tables.items())  # the loop replaces the dict, never edits it
 
     def _observe_counts(self, _: CallbackOptions) -> Iterable[Observation]:
         for resource, entries in self._snapshot():
