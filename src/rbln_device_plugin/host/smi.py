@@ -186,7 +186,8 @@ async def run_smi(
         result = exc.result
         raise
     finally:
-        metrics.rbln_smi_call(m.smi_subcommand(args), result, time.monotonic() - started)
+        if metrics.enabled:
+            metrics.rbln_smi_call(m.smi_subcommand(args), result, time.monotonic() - started)
 
 
 async def _run_smi(
