@@ -39,7 +39,20 @@ async def http_get(port: int, path: str = "/metrics") -> tuple[int, dict[str, st
 
 
 def parse(text: str) -> Samples:
-    """Every sample of an exposition, through prometheus_client's text parser."""
+    """Every sample of an exposition, through prometheus_client's text parser.
+
+    That parser adds ``_total`` to counter samples that lack it, while Prometheus keeps
+    names as written: the raw text is checked for it first.
+    """
+    for line in text.splitlines():
+        if line.startswith("# TYPE ") and line.endswith(" counter"):
+            name = line.split()[2]
+            assert name.endswith("_total"), f"counter without _total: {line}"
+            assert all(
+                not sample.startswith(name.removesuffix("_total") + "{")
+                and not sample.startswith(name.removesuffix("_total") + " ")
+                for sample in text.splitlines()
+            ), f"counter samples of {name} without _total"
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

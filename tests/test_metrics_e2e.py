@@ -181,10 +181,15 @@ async def test_discovery_failures_and_inventory_changes_are_counted() -> None:
         assert total(failed, "rbln_smi_calls_total", subcommand="list", result="error") >= 1
         assert total(failed, "scan_duration_seconds_count", result="discovery_failed") >= 1
         # Zero devices while discovery fails: the resource's series go with its plugin.
-        gone = await scrape_until(port, lambda s: total(s, "devices", resource=NPU) == 0)
+        gone = await scrape_until(
+            port, lambda s: value(s, "devices_disappeared_total", resource=NPU) == 4
+        )
+        await h.daemon.await_log("Stopped device plugin for absent resource", resourceName=NPU)
+        gone = await scrape(port)
+        # The stopped resource has no device series at all (not series at 0).
+        assert value(gone, "devices", resource=NPU, health="Healthy") is None
         assert total(gone, "device_status") == 0
         assert value(gone, "devices_disappeared_total", resource=NPU) == 4
-        await h.daemon.await_log("Stopped device plugin for absent resource", resourceName=NPU)
 
 
 async def test_the_otlp_receiver_gets_the_same_data_points_as_the_scrape() -> None:

@@ -67,11 +67,18 @@ def _render(record: object) -> str:
         provider.shutdown()
 
 
-label_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+# Any text, with the characters the format gives meaning to drawn often.
+label_text = st.text(
+    st.one_of(
+        st.sampled_from('"\\\nn{}=,# '),
+        st.characters(codec="utf-8", exclude_categories=("Cs",)),
+    ),
+    max_size=30,
+)
 finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     values=st.dictionaries(label_text, finite, min_size=1, max_size=5),
     amounts=st.lists(st.integers(0, 10**6), min_size=1, max_size=5),
