@@ -122,6 +122,7 @@ class Option:
 
 DEFAULT_SCAN_INTERVAL_S: Final = 5.0
 MAX_SCAN_INTERVAL_S: Final = 24 * 3600.0
+DEFAULT_METRICS_EXPORT_INTERVAL_S: Final = 60.0
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
@@ -138,6 +139,16 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
            "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
            "empty disables tracing", "ENDPOINT"),
+    Option("metrics_port", "--metrics-port", "METRICS_PORT", "-1",
+           "TCP port of the Prometheus metrics endpoint (GET /metrics); negative disables it, "
+           "0 picks a free port", "PORT", shown_default="-1 (off)"),
+    Option("metrics_otlp", "--metrics-otlp", "METRICS_OTLP", "false",
+           "push metrics over OTLP to --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT, apart "
+           "from tracing", "BOOL"),
+    Option("metrics_export_interval", "--metrics-export-interval", "METRICS_EXPORT_INTERVAL",
+           format_duration(DEFAULT_METRICS_EXPORT_INTERVAL_S),
+           "time between OTLP metric pushes, a Go duration; positive and at most "
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
     Option("node_name", "--node-name", "NODE_NAME", "",
            "Kubernetes node name, recorded on traces as k8s.node.name", "NAME"),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
@@ -166,6 +177,9 @@ class Config:
     healthcheck_port: int
     scan_interval: float
     otlp_endpoint: str
+    metrics_port: int
+    metrics_otlp: bool
+    metrics_export_interval: float
     node_name: str
     sysfs_root: Path
     dev_root: Path
@@ -179,12 +193,20 @@ class Config:
     def healthcheck_enabled(self) -> bool:
         return self.healthcheck_port >= 0
 
+    @property
+    def metrics_endpoint_enabled(self) -> bool:
+        return self.metrics_port >= 0
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.metrics_endpoint_enabled or self.metrics_otlp
+
     def describe(self) -> dict[str, Any]:
         """The resolved configuration as log fields."""
         out: dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if item.name == "scan_interval":
+            if item.name in ("scan_interval", "metrics_export_interval"):
                 value = format_duration(value)
             elif isinstance(value, Path):
                 value = str(value)
@@ -197,6 +219,10 @@ class Config:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.capitalize() for part in rest)
+
+
+def _option(field: str) -> Option:
+    return next(o for o in OPTIONS if o.field == field)
 
 
 def _label(option: Option) -> str:
@@ -259,6 +285,9 @@ _CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
     "healthcheck_port": _port,
     "scan_interval": _interval,
     "otlp_endpoint": _text,
+    "metrics_port": _port,
+    "metrics_otlp": _bool,
+    "metrics_export_interval": _interval,
     "node_name": _text,
     "sysfs_root": _path,
     "dev_root": _path,
@@ -279,9 +308,12 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Conf
             raw = option.default
         values[option.field] = _CONVERTERS[option.field](option, raw)
     config = Config(**values)
+    if config.metrics_otlp and not config.otlp_endpoint:
+        push, endpoint = (_option(name) for name in ("metrics_otlp", "otlp_endpoint"))
+        raise ConfigError(f"{_label(push)}: OTLP metrics need a collector; set {_label(endpoint)}")
     socket_path = config.kubelet_dir / _LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
-        option = next(o for o in OPTIONS if o.field == "kubelet_dir")
+        option = _option("kubelet_dir")
         raise ConfigError(
             f"{_label(option)}: {config.kubelet_dir} is too long for unix sockets "
             f"(socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
