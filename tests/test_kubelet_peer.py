@@ -42,6 +42,7 @@ SRIOV_DEVICES = {
 UPDATED = "Processed device updates for resource"  # the manager applied a ListAndWatch message
 REGISTER = "Got registration request from device plugin with resource"
 STREAM_ENDED = "ListAndWatch ended unexpectedly for device plugin"
+ALLOCATING = "Making allocation request for device plugin"  # logged before each Allocate
 LOCK_WAIT = (
     "Another rbln-device-plugin instance serves this kubelet directory; waiting for it to exit"
 )
@@ -131,8 +132,14 @@ def registered(peer: KubeletPeer, devices: dict[str, list[str]], since: int = 0)
         )
 
 
-def allocations(daemon: DaemonProcess) -> tuple[int, list[list[str]]]:
-    """Allocates the daemon started, and the device IDs of those it completed."""
+def allocations(daemon: DaemonProcess, completed: int = 0) -> tuple[int, list[list[str]]]:
+    """Allocates the daemon started, and the device IDs of those it completed.
+
+    The daemon's records reach the test through a pipe, after the kubelet already has the
+    answer: wait for ``completed`` of them first.
+    """
+    if completed:
+        daemon.wait_for("Completed container allocation", count=completed)
     started = len(daemon.find("Starting container allocation"))
     done = [sorted(r["deviceIDs"]) for r in daemon.find("Completed container allocation")]
     return started, done
@@ -202,11 +209,11 @@ def test_four_npus_reach_the_runtime_as_the_readme_says(kube: Build) -> None:
 
         # The manager asked for a preferred set, then allocated exactly that set.
         (asked,) = s.peer.find("Issuing a GetPreferredAllocation call for container")
-        (sent,) = s.peer.find("Making allocation request for device plugin")
+        (sent,) = s.peer.find(ALLOCATING)
         assert asked["t"] < sent["t"] and sorted(sent["devices"]) == chosen
-        (preferred,) = s.daemon.find("Selected preferred allocation", resourceName=NPU)
+        (preferred,) = s.daemon.wait_for("Selected preferred allocation", resourceName=NPU)
         assert sorted(preferred["deviceIDs"]) == chosen
-        assert allocations(s.daemon) == (1, [chosen])
+        assert allocations(s.daemon, completed=1) == (1, [chosen])
 
         options = s.peer.options(uid, "app")
         (done,) = s.daemon.find("Completed container allocation")
@@ -322,9 +329,9 @@ def test_kubelet_restart_keeps_allocations_history_and_one_instance(kube: Build)
         # pod's re-admission needs no new Allocate.
         assert s.peer.devices(uid, "app") == held
         assert s.peer.options(uid, "app") == runtime
-        before = allocations(s.daemon)
+        mark = s.peer.mark()
         assert s.peer.admit(uid)["admit"]
-        assert allocations(s.daemon) == before
+        assert not s.peer.find(ALLOCATING, since=mark)
 
         # The waiting instance retries every 0.5 s; three scans of the serving one
         # (300 ms apart) give it more than one try to see a lock file gone.
@@ -366,11 +373,12 @@ def test_daemon_restart_keeps_held_devices_allocated(kube: Build, sig: signal.Si
         # The held devices stay allocated: a new pod gets exactly the other two ...
         other = s.admitted(pod("other", {"app": {VF4: 2}}))
         assert s.peer.devices(other, "app")[VF4] == sorted(set(SRIOV_DEVICES[VF4]) - set(held))
-        assert allocations(daemon) == (1, [s.peer.devices(other, "app")[VF4]])
+        assert allocations(daemon, completed=1) == (1, [s.peer.devices(other, "app")[VF4]])
         # ... and one more is refused by the manager without asking the daemon.
+        mark = s.peer.mark()
         refused = s.peer.admit(s.add_pod(pod("more", {"app": {VF4: 1}})))
         assert not refused["admit"] and "unavailable" in refused["message"], refused
-        assert allocations(daemon)[0] == 1
+        assert not s.peer.find(ALLOCATING, since=mark)
 
 
 # ---------------------------------------------------------------- 8. init containers
@@ -382,10 +390,12 @@ def test_app_container_reuses_the_init_containers_devices(kube: Build) -> None:
         then = s.peer.devices(uid, "main")[VF4]
         assert len(first) == 2 and len(then) == 3 and set(first) < set(then)
         # The app container's preferred set had to include the init container's devices.
-        (_, preferred) = s.daemon.find("Selected preferred allocation", resourceName=VF4)
+        (_, preferred) = s.daemon.wait_for(
+            "Selected preferred allocation", count=2, resourceName=VF4
+        )
         assert sorted(preferred["mustInclude"]) == first
         # Both Allocate calls were answered, in container order, with those devices.
-        assert allocations(s.daemon) == (2, [first, then])
+        assert allocations(s.daemon, completed=2) == (2, [first, then])
         assert not s.daemon.find("Container allocation failed")
         for container in ("prep", "main"):
             assert s.peer.options(uid, container)["Devices"]
