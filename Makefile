@@ -18,6 +18,10 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src sim tests bench deployments
 	$(BIN)/ruff format --check src sim tests bench deployments
+	@# The kubelet peer's Go sources (tests/kubelet-peer) when Go is installed.
+	@if command -v gofmt >/dev/null; then \
+		out=$$(gofmt -l tests/kubelet-peer); test -z "$$out" || { echo "gofmt: $$out"; exit 1; }; \
+	else echo "gofmt not found: skipping the kubelet peer's format check"; fi
 
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py

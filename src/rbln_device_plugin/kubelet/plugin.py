@@ -2,8 +2,9 @@
 
 The plugin serves on its own unix socket before it registers (the kubelet dials back
 inside Register), publishes the device list through ListAndWatch only when something
-the kubelet sees changed, and owns its device table and health history for exactly its
-own lifetime.
+the kubelet sees changed, and owns its device table for exactly its own lifetime. The
+health history is handed in, so it can outlive the instance (a kubelet restart replaces
+every plugin but keeps each resource's history).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.kubelet import preferred
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.model.devicetable import Change, DeviceTable, Entry, KubeletDevice
-from rbln_device_plugin.model.health import StatusReading, Verdict
+from rbln_device_plugin.model.health import HealthHistory, StatusReading, Verdict
 from rbln_device_plugin.model.inventory import Device, natural_key
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
@@ -58,6 +59,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         rsd_local_lock: asyncio.Lock | None = None,
         hostio: HostIO | None = None,
         metrics: Metrics = NOOP,
+        history: HealthHistory | None = None,
     ) -> None:
         self.resource = resource
         self._metrics = metrics
@@ -65,7 +67,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         self.kubelet_socket = config.kubelet_dir / KUBELET_SOCKET
         self._config = config
         self._hostio = hostio or HostIO()
-        self.table = DeviceTable()
+        self.table = DeviceTable(history)
         # Held around each batch of status reads and the history update that applies it,
         # so scan and Allocate observations reach the history in the order they were read.
         self._observe_lock = asyncio.Lock()

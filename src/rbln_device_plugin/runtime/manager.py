@@ -25,6 +25,7 @@ from rbln_device_plugin.host.scan import DiscoveryError, Scanner
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.plugin import RegistrationError, ResourcePlugin
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
+from rbln_device_plugin.model.health import HealthHistory
 from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
@@ -62,6 +63,10 @@ class Manager:
             metrics=metrics,
         )
         self.plugins: dict[str, ResourcePlugin] = {}
+        # One health history per resource, for as long as the resource is offered: a
+        # kubelet restart (or a deleted socket) replaces the plugin but not what it knew,
+        # so a faulted device whose status turns unreadable stays Unhealthy afterwards.
+        self._histories: dict[str, HealthHistory] = {}
         self._wake = asyncio.Event()
         # Serialises this daemon's RSD group changes (every resource plugin), in arrival
         # order, in front of the node-wide RSD file lock.
@@ -133,6 +138,7 @@ class Manager:
         await self._restart_if_kubelet_restarted()
         for resource in sorted(set(self.plugins) - set(wanted)):
             plugin = self.plugins.pop(resource)
+            self._histories.pop(resource, None)
             await plugin.update(())  # every device disappears, and is logged as such
             await plugin.stop()
             log.info("Stopped device plugin for absent resource", resourceName=resource)
@@ -184,6 +190,7 @@ class Manager:
                 self._rsd_local_lock,
                 self._hostio,
                 self._metrics,
+                self._histories.setdefault(resource, HealthHistory()),
             )
             try:
                 await plugin.start()
