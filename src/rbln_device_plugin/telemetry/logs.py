@@ -9,6 +9,7 @@ loggers are bridged into the same stream with ``component=grpc`` / ``component=o
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import sys
@@ -47,6 +48,10 @@ _LEVEL_WORDS: Final[Mapping[str, str]] = {
     "info": "info",
     "debug": "debug",
 }
+
+# gRPC's asyncio layer logs this at debug for nearly every call and server start: it
+# says nothing about the daemon and drowned two of every three debug records.
+_GRPC_NOISE: Final = ("[_cygrpc] Loaded running loop",)
 
 # Repeated OpenTelemetry SDK complaints (an unreachable collector retries forever) are
 # folded: the same message is emitted at most once per window, with a suppressed count.
@@ -100,11 +105,44 @@ def _stringify_err(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any
     return event_dict
 
 
+def _logfmt_value(value: Any) -> str:
+    """One value as logfmt readers (go-logfmt, Loki's logfmt parser) read it back.
+
+    Nested values (the start record's configuration, lists of names) become compact
+    JSON. A value with a space, "=", a quote, a backslash or anything unprintable is
+    quoted with JSON's escapes, which are the ones go-logfmt decodes, so it reads back
+    exactly as written and never spans two lines.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        if isinstance(value, set | frozenset):
+            value = sorted(value, key=str)
+        text = json.dumps(value, separators=(",", ":"), default=str, ensure_ascii=False)
+    else:
+        text = str(value)
+    if text and all(ch > " " and ch not in '="\\' and ch.isprintable() for ch in text):
+        return text
+    quoted = json.dumps(text, ensure_ascii=False)
+    if quoted.isprintable():
+        return quoted
+    return "".join(ch if ch.isprintable() else _json_escape(ch) for ch in quoted)
+
+
+def _json_escape(ch: str) -> str:
+    """``\\uXXXX`` (a surrogate pair above U+FFFF), as JSON writes it."""
+    return json.dumps(ch, ensure_ascii=True)[1:-1]
+
+
+def _logfmt(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
+    return " ".join(f"{key}={_logfmt_value(value)}" for key, value in event_dict.items())
+
+
 def _renderer(fmt: str) -> structlog.typing.Processor:
     if fmt == "text":
-        return structlog.processors.LogfmtRenderer(
-            key_order=["ts", "level", "msg"], drop_missing=True, bool_as_flag=False
-        )
+        return _logfmt
     # Compact, like the README's sample records: {"ts":"...","level":"warn",...}.
     return structlog.processors.JSONRenderer(sort_keys=False, default=str, separators=(",", ":"))
 
@@ -251,6 +289,8 @@ class _BridgeHandler(logging.Handler):
             message = record.getMessage()
         except Exception:  # a library's malformed format string must not break logging
             message = str(record.msg)
+        if self._component == "grpc" and message.startswith(_GRPC_NOISE):
+            return
         level = record.levelno
         if self._demote_info and level == logging.INFO:
             level = logging.DEBUG
