@@ -1,17 +1,16 @@
 """``make demo``: the real daemon on a simulated ATOM-Max node, narrated step by step.
 
-A step whose daemon feature is missing (no registration in time, UNIMPLEMENTED) is shown
-as SKIPPED with the reason, and the steps that need it are skipped too. Only a FAILED
-step makes the exit status non-zero.
+Each step shows what the kubelet stand-in saw and then the daemon's own records for it
+(``demolog``). A step whose daemon feature is missing (no registration in time,
+UNIMPLEMENTED) is shown as SKIPPED with the reason, and the steps that need it are
+skipped too. Only a FAILED step makes the exit status non-zero. ``--keep`` leaves the
+node and the daemon's log in place afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
-import json
-import shlex
 import shutil
 import signal
 import sys
@@ -23,6 +22,8 @@ from typing import IO, Final
 
 import grpc
 
+from rbln_device_plugin_sim import shell
+from rbln_device_plugin_sim.demolog import DaemonLog, folded
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
@@ -30,6 +31,23 @@ from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 RESOURCE: Final = "rebellions.ai/npu"
 CDI_KEY: Final = "cdi.k8s.io/rebellions.ai_npu"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+REGISTERED: Final = "Registered device plugin with kubelet"
+EXPOSED: Final = "Device exposed"
+# The daemon's records each step causes, in the order it writes them (msg, how many);
+# the device count is filled in per node.
+STEP_RECORDS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
+    "start": (("Distributed tracing disabled; no OTLP endpoint configured", 1),),
+    "register": ((REGISTERED, 1), (EXPOSED, -1)),
+    "allocate": (("Completed container allocation", 1),),
+    "fault": (("Device state changed", 1),),
+    "restart": ((REGISTERED, 1), (EXPOSED, -1)),
+    "stop": (("Shutdown complete", 1),),
+}
+
+
+def inspect_args(node: SimNode) -> list[str]:
+    """``inspect`` with the two daemon flags that change its report."""
+    return ["inspect", "--sysfs-root", str(node.sysfs_root), "--rbln-smi", str(node.smi_path)]
 
 
 class Skipped(Exception):
@@ -46,20 +64,19 @@ class DemoConfig:
     register_timeout: float = 15.0
     health_timeout: float = 8.0
     stop_timeout: float = 10.0
-    # The daemon's argv for a node; tests substitute stand-ins.
-    daemon_command: Callable[[SimNode], list[str]] = field(
-        default=lambda node: [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args()]
-    )
+    # The daemon's argv for a node; tests substitute stand-ins. None: the real daemon.
+    daemon_command: Callable[[SimNode], list[str]] | None = None
     # The read-only report shown before the daemon starts.
     inspect_command: Callable[[SimNode], list[str]] = field(
-        default=lambda node: [
-            sys.executable, "-m", "rbln_device_plugin", "inspect", *node.daemon_args()
-        ]
-    )  # fmt: skip
+        default=lambda node: [sys.executable, "-m", "rbln_device_plugin", *inspect_args(node)]
+    )
     inspect_timeout: float = 60.0
     # Whether the daemon exists at all; None: look for rbln_device_plugin.cli.
     daemon_available: bool | None = None
     out: IO[str] = field(default_factory=lambda: sys.stdout)
+    keep: bool = False  # leave the node and the daemon's log in place
+    # How long a step waits for the daemon's records it is known to produce.
+    records_timeout: float = 5.0
 
 
 class _Demo:
@@ -68,6 +85,7 @@ class _Demo:
         self.node = node
         self.stub = stub
         self.log_path = node.root / "daemon.log"
+        self.log = DaemonLog(self.log_path)
         self.proc: asyncio.subprocess.Process | None = None
         self.results: list[tuple[str, str]] = []  # (step, OK / SKIPPED / FAILED)
         self.chosen: list[str] = []
@@ -76,7 +94,11 @@ class _Demo:
         print(text, file=self.config.out, flush=True)
 
     async def step(
-        self, title: str, body: Callable[[], Awaitable[list[str]]], needs: Sequence[str] = ()
+        self,
+        title: str,
+        body: Callable[[], Awaitable[list[str]]],
+        needs: Sequence[str] = (),
+        records: str | None = None,
     ) -> bool:
         number = len(self.results) + 1
         self.say(f"\n[{number}] {title}")
@@ -102,9 +124,19 @@ class _Demo:
             return False
         for line in lines:
             self.say(f"    {line}" if line else "")
+        if records is not None:
+            await self.show_records(records)
         self.results.append((title, "OK"))
         self.say(f"    ok ({time.monotonic() - started:.1f} s)")
         return True
+
+    async def show_records(self, step: str) -> None:
+        devices = len(self.node.layout.devices)
+        expected = [(msg, devices if n < 0 else n) for msg, n in STEP_RECORDS[step]]
+        records = await self.log.take(expected, self.config.records_timeout, self._running)
+        shown = folded(records, hidden=frozenset({"resourceName"}))
+        for index, line in enumerate(shown):
+            self.say(f"    {'daemon' if index == 0 else '':<6}  {line}")
 
     # ---------------------------------------------------------------- steps
 
@@ -138,11 +170,18 @@ class _Demo:
         if proc.returncode != 0:
             detail = _short(err.decode(errors="replace").strip() or report.strip(), 300)
             raise Failed(f"inspect exited with code {proc.returncode}: {detail}")
-        return ["$ rbln-device-plugin inspect <the daemon's flags>", *_excerpt(report)]
+        shown = shell.daemon(inspect_args(self.node))
+        return [f"$ {line}" if i == 0 else f"  {line}" for i, line in enumerate(
+            shown.splitlines())] + _excerpt(report)  # fmt: skip
 
     async def start_daemon(self) -> list[str]:
         self._require_daemon()
-        argv = self.config.daemon_command(self.node)
+        if self.config.daemon_command is None:
+            argv = [sys.executable, "-m", "rbln_device_plugin", *self.node.daemon_args()]
+            shown = shell.daemon(self.node.daemon_args())  # as the reader would start it
+        else:
+            argv = self.config.daemon_command(self.node)
+            shown = shell.wrap(argv)
         log = self.log_path.open("wb")
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -150,7 +189,11 @@ class _Demo:
             )
         finally:
             log.close()
-        return [f"pid {self.proc.pid}: {_short(shlex.join(argv), 90)}", f"log {self.log_path}"]
+        return [
+            f"pid {self.proc.pid}, started as:",
+            *(f"  {line}" for line in shown.splitlines()),
+            f"its log (one JSON record per line): {self.log_path}",
+        ]
 
     async def _await_registration(self, what: str) -> list[str]:
         view_task = asyncio.ensure_future(
@@ -210,8 +253,14 @@ class _Demo:
         rsd = [s for s in answer.devices if s.container_path == "/dev/rsd0"]
         if not rsd or not _exists(rsd[0].host_path):
             raise Failed("no /dev/rsd0 device whose host node exists")
+        group = Path(rsd[0].host_path).name
+        lines.append(
+            f"{'':<12}(/dev/rsd0 is how the container sees {group}, the RSD group just made "
+            f"for these {len(chosen)} NPUs)"
+        )
         lines.append(f"{'annotation':<12}{CDI_KEY}={answer.annotations.get(CDI_KEY, '(missing)')}")
         lines.append(f"{'RSD groups':<12}{self._groups()}")
+        lines.append(f"{'':<12}(group 0 is the default group every NPU is in until allocated)")
         self.chosen = chosen
         return lines
 
@@ -269,6 +318,9 @@ class _Demo:
     async def _daemon_exit(self) -> int | None:
         return await self.proc.wait() if self.proc is not None else None
 
+    def _running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
     def _code(self) -> int | None:
         return self.proc.returncode if self.proc is not None else None
 
@@ -288,10 +340,7 @@ class _Demo:
             await self.proc.wait()
 
     def log_tail(self, lines: int = 8) -> list[str]:
-        with contextlib.suppress(OSError):
-            text = self.log_path.read_text(errors="replace").splitlines()
-            return [_readable(line) for line in text[-lines:]]
-        return []
+        return self.log.tail(lines)
 
 
 def _excerpt(report: str, rows: int = 4) -> list[str]:
@@ -317,20 +366,6 @@ def _known(node: SimNode, name: str) -> bool:
     return any(d.name == name for d in node.layout.devices)
 
 
-def _readable(line: str) -> str:
-    """A JSON log record as `level msg err=...`; anything else as it is."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return _short(line, 200)
-    if not isinstance(record, dict):
-        return _short(line, 200)
-    text = f"{record.get('level', '?'):<5} {record.get('msg', '')}"
-    if "err" in record:
-        text += f"  err={record['err']}"
-    return _short(text, 200)
-
-
 def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -338,6 +373,7 @@ def _short(text: str, width: int) -> str:
 async def run_demo_async(config: DemoConfig) -> int:
     root = short_tempdir("rbln-demo-")
     out = config.out
+    demo: _Demo | None = None
     try:
         node = materialize(preset(config.preset), root / "node")
         layout = node.layout
@@ -351,14 +387,20 @@ async def run_demo_async(config: DemoConfig) -> int:
             demo = _Demo(config, node, stub)
             try:
                 await demo.step("Inspect the node before starting the daemon", demo.inspect_node)
-                await demo.step("Start the daemon", demo.start_daemon)
+                await demo.step("Start the daemon", demo.start_daemon, records="start")
                 started = ["Start the daemon"]
-                await demo.step("Register with the kubelet", demo.registration, started)
+                await demo.step(
+                    "Register with the kubelet", demo.registration, started, records="register"
+                )
                 registered = [*started, "Register with the kubelet"]
-                await demo.step("A pod asks for 4 NPUs", demo.allocation, registered)
-                await demo.step("A device faults", demo.fault, registered)
-                await demo.step("The kubelet restarts", demo.kubelet_restart, registered)
-                await demo.step("Stop the daemon", demo.stop_daemon, started)
+                await demo.step(
+                    "A pod asks for 4 NPUs", demo.allocation, registered, records="allocate"
+                )
+                await demo.step("A device faults", demo.fault, registered, records="fault")
+                await demo.step(
+                    "The kubelet restarts", demo.kubelet_restart, registered, records="restart"
+                )
+                await demo.step("Stop the daemon", demo.stop_daemon, started, records="stop")
             finally:
                 await demo.cleanup()
             failed = [title for title, outcome in demo.results if outcome == "FAILED"]
@@ -368,13 +410,24 @@ async def run_demo_async(config: DemoConfig) -> int:
                 for line in demo.log_tail():
                     print(f"    {line}", file=out)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not config.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    assert demo is not None
     summary = f"{len(demo.results) - len(failed) - len(skipped)} ok, {len(skipped)} skipped"
     if failed:
         print(f"\nDemo FAILED at: {', '.join(failed)} ({summary})", file=out)
-        return 1
-    print(f"\nDemo finished: {summary}; node removed.", file=out)
-    return 0
+    else:
+        print(f"\nDemo finished: {summary}.", file=out)
+    if config.keep:
+        print(f"Kept under {root}: the node, and the daemon's log at", file=out)
+        print(f"  {demo.log_path}", file=out)
+        print("Look at the node as the daemon saw it:", file=out)
+        print(shell.daemon(inspect_args(node), indent="  "), file=out)
+        print("Remove it all with:", file=out)
+        print(f"  rm -r {root}", file=out)
+    else:
+        print(f"Node removed ({shell.sim('demo', '--keep')} keeps it and the log).", file=out)
+    return 1 if failed else 0
 
 
 def run_demo(config: DemoConfig | None = None) -> int:
