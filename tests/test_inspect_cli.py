@@ -716,27 +716,6 @@ def test_demo_fails_the_inspect_step_when_inspect_fails(tmp_path: Path) -> None:
     assert "FAILED   inspect exited with code 1: boom" in text
 
 
-def _readme_block(after: str) -> str:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    start = text.index("\n", text.index(after)) + 1
-    return text[start : text.index("```", start)]
-
-
-def test_readme_shows_real_output() -> None:
-    """The Troubleshooting section's reports are what inspect prints (timings aside)."""
-    with sim("rebel-sriov-bad") as node:
-        table = inspect(node).stdout.replace(str(node.root), "/tmp/node")
-    with sim("readme-example") as node:
-        args = ["--preferred", "2", "--available", "rbln0,rbln4,rbln5", "--must-include", "rbln0"]
-        preferred = inspect(node, *args).stdout
-    timing = re.compile(r"\(7 entries, \d+ ms\)")
-    shown = _readme_block("$ rbln-device-plugin inspect --sysfs-root /tmp/node/sys")
-    assert timing.sub("(7 entries, N ms)", shown) == timing.sub("(7 entries, N ms)", table)
-    shown = _readme_block("--preferred 2 --available rbln0,rbln4,rbln5 --must-include rbln0")
-    assert shown.startswith("...\n")
-    assert preferred.endswith(shown.removeprefix("...\n"))
-
-
 def test_an_internal_error_is_one_record_on_stderr_never_a_bare_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

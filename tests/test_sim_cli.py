@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import pytest
 from rbln_device_plugin_sim import servecmd, shell
 from rbln_device_plugin_sim.layout import PRESETS, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+
+from .daemon_process import DaemonProcess
 
 SIM = [sys.executable, "-c", "import sys; from rbln_device_plugin_sim.cli import main; "
        "sys.exit(main())"]  # fmt: skip
@@ -83,6 +86,22 @@ class Serve:
                 break
         else:
             raise AssertionError(f"no banner: {''.join(self.lines)}")
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        """Until serve has printed ``text`` (an event of its kubelet stand-in)."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: text in "".join(self.lines), timeout):
+                raise AssertionError(f"serve never printed {text!r}: {''.join(self.lines)}")
 
     @property
     def banner(self) -> str:
@@ -91,8 +110,7 @@ class Serve:
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGINT)
         code = self.proc.wait(timeout=30)
-        assert self.proc.stdout is not None
-        self.lines += self.proc.stdout.readlines()
+        self._reader.join(10)
         return code
 
     def kill(self) -> None:
@@ -261,3 +279,47 @@ def test_the_serve_banner_suggests_a_device_the_daemon_advertises(name: str, roo
     size = int(allocate.split("--size ")[1].split()[0])
     resource = allocate.split("--resource ")[1].split()[0] if "--resource" in allocate else None
     assert 0 < size <= sum(1 for r in advertised.values() if r == (resource or "rebellions.ai/npu"))
+
+
+def test_kubelet_commands_through_serve_act_as_the_kubelet(root: Path) -> None:
+    node_root = root / "n"
+    serve = Serve("--preset", "rebel-sriov", "--root", str(node_root))
+    node = SimNode.open(node_root)
+    daemon = None
+    try:
+        idle = run("restart-kubelet", "--root", str(node_root), "--wait", "0")
+        assert idle.returncode == 0 and "no plugin was registered before" in idle.stdout
+        daemon = DaemonProcess(node.daemon_args("200ms"), level="info")
+        daemon.wait_for("Registered device plugin with kubelet", count=3)
+        node.set_status("rbln3", 4)  # Unhealthy: the kubelet offers only rbln2 now
+        serve.wait_for("rebellions.ai/npu: 2 devices, 1 Healthy, 1 Unhealthy")
+        first = run("allocate", "--root", str(node_root), "--size", "1")
+        assert first.returncode == 0, first.stderr
+        assert "GetPreferredAllocation rebellions.ai/npu, size 1 of 1 available: rbln2" in (
+            first.stdout
+        )
+        assert "/dev/rsd0  -> " in first.stdout and "/dev/rbln2 -> " in first.stdout
+        # rbln2 is taken and rbln3 faulted: as the kubelet, nothing is left to offer.
+        again = run("allocate", "--root", str(node_root), "--size", "1")
+        assert again.returncode == 1
+        assert "unavailable for rebellions.ai/npu. Requested: 1, Available: 0" in again.stderr
+        unknown = run("allocate", "--root", str(node_root), "rbln9")
+        assert unknown.returncode == 1
+        assert "Allocate refused: INVALID_ARGUMENT: rebellions.ai/npu: unknown device" in (
+            unknown.stderr
+        )
+        restart = run("restart-kubelet", "--root", str(node_root))
+        assert restart.returncode == 0, restart.stdout
+        assert "3 plugin socket(s) deleted" in restart.stdout
+        for resource in ("rebellions.ai/npu", "rebellions.ai/npu-vf1", "rebellions.ai/npu-vf4"):
+            assert f"  {resource}: registered again after " in restart.stdout
+        vf4 = run("preferred", "--root", str(node_root), "--size", "2",
+                  "--resource", "rebellions.ai/npu-vf4")  # fmt: skip
+        assert "size 2 of 4 available: rbln0-0, rbln0-1" in vf4.stdout
+    finally:
+        if daemon is not None:
+            assert daemon.stop(signal.SIGINT) == 0
+        assert serve.stop() == 0
+    events = "".join(serve.lines)
+    assert "Allocate rebellions.ai/npu rbln2 -> rsd1" in events
+    assert "kubelet restarted: sockets deleted, new kubelet.sock" in events

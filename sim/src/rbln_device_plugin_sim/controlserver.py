@@ -26,6 +26,10 @@ class ControlServer:
         self.path = socket_path(root)
         self.stub = stub
         self.event = event
+        # Devices allocated through this stand-in, per resource: like the kubelet for
+        # running pods, it never offers them again (and, like its checkpoint, keeps them
+        # across a restart). A new `serve` starts with none.
+        self.in_use: dict[str, set[str]] = {}
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -61,7 +65,7 @@ class ControlServer:
             return {"ok": True, "resources": self._resources()}
         if op == "preferred":
             resource = self._resource(req.get("resource"), req.get("available") or ())
-            available = req.get("available") or self._healthy(resource)
+            available = req.get("available") or self._free(resource)
             must = list(req.get("mustInclude") or ())
             chosen = await _call(
                 "GetPreferredAllocation",
@@ -80,18 +84,14 @@ class ControlServer:
         ids = [i for c in containers for i in c]
         resource = self._resource(req.get("resource"), ids)
         chosen: list[str] | None = None
+        free: list[str] = []
         if req.get("size") is not None:
-            # As the kubelet does: ask for a preference among the healthy devices, then
-            # allocate exactly that answer.
             size = int(req["size"])
-            chosen = await _call(
-                "GetPreferredAllocation",
-                self.stub.preferred(resource, self._healthy(resource), [], size),
-            )
-            if len(chosen) != size:
-                raise SimError(f"GetPreferredAllocation answered {chosen} for size {size}")
+            free = self._free(resource)
+            chosen = await self._pick(resource, free, size)
             containers = [chosen]
         response = await _call("Allocate", self.stub.allocate(resource, containers))
+        self.in_use.setdefault(resource, set()).update(i for c in containers for i in c)
         answers = [
             {
                 "devices": [[d.container_path, d.host_path, d.permissions] for d in c.devices],
@@ -103,7 +103,29 @@ class ControlServer:
         rsd = [d[1] for a in answers for d in a["devices"] if d[0] == "/dev/rsd0"]
         shown = "; ".join(_names(c) for c in containers)
         self.event(f"Allocate {resource} {shown} -> {', '.join(Path(p).name for p in rsd)}")
-        return {"ok": True, "resource": resource, "chosen": chosen, "containers": answers}
+        return {
+            "ok": True,
+            "resource": resource,
+            "chosen": chosen,
+            "available": free,
+            "containers": answers,
+        }
+
+    async def _pick(self, resource: str, free: list[str], size: int) -> list[str]:
+        """The kubelet's choice of ``size`` free devices: the plugin's preference, topped
+        up from the rest when it answers fewer (pkg/kubelet/cm/devicemanager,
+        devicesToAllocate, without topology hints)."""
+        if len(free) < size:
+            raise SimError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {size}, Available: {len(free)}"
+            )
+        preferred = await _call(
+            "GetPreferredAllocation", self.stub.preferred(resource, free, [], size)
+        )
+        chosen = [i for i in preferred if i in free][:size]
+        chosen += [i for i in free if i not in chosen][: size - len(chosen)]
+        return chosen
 
     async def _restart(self, wait: float) -> Answer:
         before = {r: v.generation for r in self.stub.resources() if (v := self.stub.view(r))}
@@ -161,9 +183,13 @@ class ControlServer:
             )
         return resource
 
-    def _healthy(self, resource: str) -> list[str]:
+    def _free(self, resource: str) -> list[str]:
+        """Healthy devices not allocated through this stand-in, as the kubelet offers them."""
         view = self.stub.view(resource)
-        return [d.ID for d in view.devices if d.health == "Healthy"] if view else []
+        if view is None:
+            return []
+        used = self.in_use.get(resource, set())
+        return [d.ID for d in view.devices if d.health == "Healthy" and d.ID not in used]
 
 
 T = TypeVar("T")

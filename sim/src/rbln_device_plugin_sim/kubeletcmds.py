@@ -54,7 +54,7 @@ def allocate(args: argparse.Namespace) -> int:
     )
     resource = answer["resource"]
     if answer["chosen"] is not None:
-        print(f"GetPreferredAllocation {resource}, size {args.size}: {', '.join(answer['chosen'])}")
+        print(_preferred_line(answer, args.size))
     for index, container in enumerate(answer["containers"]):
         print(f"Allocate {resource}, container {index}:")
         width = max(len(spec[0]) for spec in container["devices"])
