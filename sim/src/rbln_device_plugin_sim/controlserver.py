@@ -7,6 +7,7 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -17,6 +18,7 @@ from rbln_device_plugin_sim.kubelet import KubeletStub, ResourceView
 from rbln_device_plugin_sim.tree import SimError
 
 _MAX_REQUEST: Final = 1 << 20
+_REQUEST_WAIT_S: Final = 30.0
 
 
 class ControlServer:
@@ -47,13 +49,18 @@ class ControlServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await reader.readline()
             try:
+                async with asyncio.timeout(_REQUEST_WAIT_S):  # a client that never writes
+                    line = await reader.readline()
                 answer = await self.answer(json.loads(line))
-            except (ValueError, LookupError, TypeError, SimError) as exc:
-                answer = {"ok": False, "error": str(exc)}
+            except (ValueError, LookupError, TypeError, SimError, TimeoutError) as exc:
+                answer = {"ok": False, "error": str(exc) or type(exc).__name__}
+            except Exception as exc:  # a bug here must not end serve, only this request
+                answer = {"ok": False, "error": f"internal error in serve: {exc!r}"}
             writer.write(json.dumps(answer).encode() + b"\n")
             await writer.drain()
+        except OSError:
+            pass  # the client went away; nobody to answer
         finally:
             writer.close()
             with contextlib.suppress(OSError):
@@ -141,9 +148,7 @@ class ControlServer:
             remaining = wait - (time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 await self.stub.wait_for(
-                    resource,
-                    lambda v, g=generation: v.generation > g and v.messages > 0,  # type: ignore[misc]
-                    max(0.0, remaining),
+                    resource, partial(_registered_after, generation), max(0.0, remaining)
                 )
                 back[resource] = round(time.monotonic() - started, 2)
         return {
@@ -201,6 +206,11 @@ async def _call(name: str, call: Awaitable[T]) -> T:
         return await call
     except grpc.aio.AioRpcError as exc:
         raise SimError(f"{name} refused: {exc.code().name}: {exc.details()}") from None
+
+
+def _registered_after(generation: int, view: ResourceView) -> bool:
+    """Registered again since ``generation``, with a device list sent."""
+    return view.generation > generation and view.messages > 0
 
 
 def _names(ids: Sequence[str]) -> str:

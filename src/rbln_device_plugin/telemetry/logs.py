@@ -9,7 +9,6 @@ loggers are bridged into the same stream with ``component=grpc`` / ``component=o
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import sys
@@ -21,6 +20,7 @@ from typing import Any, Final, TextIO
 
 import structlog
 
+from rbln_device_plugin.telemetry import logfmt
 from rbln_device_plugin.telemetry.logsink import QueuedSink
 
 LEVEL_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
@@ -105,44 +105,9 @@ def _stringify_err(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any
     return event_dict
 
 
-def _logfmt_value(value: Any) -> str:
-    """One value as logfmt readers (go-logfmt, Loki's logfmt parser) read it back.
-
-    Nested values (the start record's configuration, lists of names) become compact
-    JSON. A value with a space, "=", a quote, a backslash or anything unprintable is
-    quoted with JSON's escapes, which are the ones go-logfmt decodes, so it reads back
-    exactly as written and never spans two lines.
-    """
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Mapping | list | tuple | set | frozenset):
-        if isinstance(value, set | frozenset):
-            value = sorted(value, key=str)
-        text = json.dumps(value, separators=(",", ":"), default=str, ensure_ascii=False)
-    else:
-        text = str(value)
-    if text and all(ch > " " and ch not in '="\\' and ch.isprintable() for ch in text):
-        return text
-    quoted = json.dumps(text, ensure_ascii=False)
-    if quoted.isprintable():
-        return quoted
-    return "".join(ch if ch.isprintable() else _json_escape(ch) for ch in quoted)
-
-
-def _json_escape(ch: str) -> str:
-    """``\\uXXXX`` (a surrogate pair above U+FFFF), as JSON writes it."""
-    return json.dumps(ch, ensure_ascii=True)[1:-1]
-
-
-def _logfmt(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
-    return " ".join(f"{key}={_logfmt_value(value)}" for key, value in event_dict.items())
-
-
 def _renderer(fmt: str) -> structlog.typing.Processor:
     if fmt == "text":
-        return _logfmt
+        return logfmt.render
     # Compact, like the README's sample records: {"ts":"...","level":"warn",...}.
     return structlog.processors.JSONRenderer(sort_keys=False, default=str, separators=(",", ":"))
 
