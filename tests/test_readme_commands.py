@@ -142,6 +142,9 @@ def environment(fresh: Path) -> dict[str, str]:
         for key, value in os.environ.items()
         if not key.startswith(("RBLN_", "OTEL_", "KUBELET_", "CDI_", "HEALTHCHECK_", "VIRTUAL_"))
         and key not in ("SYSFS_ROOT", "DEV_ROOT", "RSD_LOCK_PATH", "NODE_NAME", "PYTHONPATH")
+        # Under `make test` these would make the README's `make demo` a sub-make, which
+        # announces the directories it enters: a reader's shell has none of them.
+        and key not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
     }
     env.update(PATH=os.pathsep.join(path), TMPDIR="/tmp", HOME=str(fresh / "home"))
     return env
