@@ -26,6 +26,9 @@ def test_defaults_match_the_documented_table() -> None:
     assert cfg.rbln_smi is None
     assert cfg.rsd_lock_path == Path("/var/run/rbln-rsd-group.lock")
     assert cfg.test_file_device_nodes is False
+    assert cfg.metrics_port == -1 and not cfg.metrics_endpoint_enabled
+    assert cfg.metrics_otlp is False and not cfg.metrics_enabled
+    assert cfg.metrics_export_interval == 60.0
 
 
 @pytest.mark.parametrize(
@@ -40,6 +43,9 @@ def test_defaults_match_the_documented_table() -> None:
         ("--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint", "a:1", "b:2", "a:1",
          "b:2"),
         ("--node-name", "NODE_NAME", "node_name", "f", "e", "f", "e"),
+        ("--metrics-port", "METRICS_PORT", "metrics_port", "9464", "0", 9464, 0),
+        ("--metrics-export-interval", "METRICS_EXPORT_INTERVAL", "metrics_export_interval",
+         "200ms", "1m", 0.2, 60.0),
         ("--sysfs-root", "SYSFS_ROOT", "sysfs_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--dev-root", "DEV_ROOT", "dev_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--rbln-smi", "RBLN_SMI_PATH", "rbln_smi", "/f", "/e", Path("/f"), Path("/e")),
@@ -240,3 +246,37 @@ def test_origin_names_what_supplied_each_setting() -> None:
     assert cfg.origin("otlp_endpoint") == "--otlp-endpoint (command line)"
     assert cfg.origin("node_name") == "NODE_NAME (environment; the flag is --node-name)"
     assert cfg.origin("cdi_root") == "--cdi-root (default)"
+
+
+def test_otlp_metrics_need_the_collector_endpoint() -> None:
+    with pytest.raises(options.UsageError) as caught:
+        resolve(["--metrics-otlp", "true"])
+    assert str(caught.value) == (
+        "--metrics-otlp (command line): OTLP metrics need a collector; "
+        "set --otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    cfg = resolve([], {"METRICS_OTLP": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317"})
+    assert cfg.metrics_otlp and cfg.metrics_enabled and not cfg.metrics_endpoint_enabled
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--metrics-port", "65536"], "--metrics-port (command line): "),
+     (["--metrics-port", "x"], "--metrics-port (command line): "),
+     (["--metrics-otlp", "maybe"], "--metrics-otlp (command line): "),
+     (["--metrics-export-interval", "0s"], "--metrics-export-interval (command line): "),
+     (["--metrics-export-interval", "25h"], "--metrics-export-interval (command line): ")],
+)  # fmt: skip
+def test_bad_metrics_settings_are_usage_errors_naming_flag_and_variable(
+    argv: list[str], named: str
+) -> None:
+    with pytest.raises(options.UsageError) as caught:
+        resolve(argv)
+    assert str(caught.value).startswith(named)
+
+
+@pytest.mark.parametrize(("value", "on"), [("-1", False), ("-9", False), ("0", True),
+                                           ("9464", True)])  # fmt: skip
+def test_a_negative_metrics_port_is_off(value: str, on: bool) -> None:
+    cfg = resolve([], {"METRICS_PORT": value})
+    assert cfg.metrics_endpoint_enabled is on and cfg.metrics_enabled is on

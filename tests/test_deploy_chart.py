@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -28,6 +29,7 @@ from rbln_device_plugin import _build_version, config, options
 from rbln_device_plugin.telemetry import logs, tracing
 
 from .daemon_process import DaemonProcess
+from .servicemonitor_schema import SERVICE_MONITOR_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deployments" / "helm" / "k8s-device-plugin-chart"
@@ -143,6 +145,20 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
     "otlp": ("--set", "devicePlugin.otlpEndpoint=otel-collector.observability:4317"),
     "logging": ("--set", "logging.level=debug", "--set", "logging.format=text"),
     "healthcheck-disabled": ("--set", f"{PLUGIN}.healthcheckPort=-1"),
+    "metrics": (
+        "--set", "devicePlugin.metrics.prometheus.enabled=true",
+        "--set", "devicePlugin.metrics.prometheus.port=9500",
+        "--set", "devicePlugin.otlpEndpoint=otel-collector.observability:4317",
+        "--set", "devicePlugin.metrics.otlp.enabled=true",
+        "--set", "devicePlugin.metrics.otlp.exportInterval=30s",
+        "--set", "devicePlugin.metrics.service.enabled=true",
+        "--set", "devicePlugin.metrics.service.labels.team=ml",
+        "--set-string", "devicePlugin.metrics.service.annotations.example\\.com/scrape=true",
+        "--set", "devicePlugin.metrics.serviceMonitor.enabled=true",
+        "--set", "devicePlugin.metrics.serviceMonitor.interval=1m",
+        "--set", "devicePlugin.metrics.serviceMonitor.scrapeTimeout=15s",
+        "--set", "devicePlugin.metrics.serviceMonitor.labels.release=prometheus",
+    ),
     "custom": (
         "--set", "devicePlugin.kubeletDevicePluginPath=/var/lib/k0s/kubelet/device-plugins",
         "--set", "devicePlugin.cdiRoot=/etc/cdi",
@@ -340,6 +356,9 @@ def test_every_variant_is_strictly_valid_kubernetes(
         docs = objects(rendered[variant])
         assert {o["kind"] for o in docs} >= {"DaemonSet"}
         for doc in docs:
+            if doc["kind"] == "ServiceMonitor":  # a CRD: Kubernetes' schemas do not have it
+                jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
+                continue
             try:
                 kubernetes_validate.validate(doc, kube_version, strict=True)
             except kubernetes_validate.ValidationError as exc:
@@ -392,7 +411,11 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
         "RBLN_DEVICE_PLUGIN_LOG_FORMAT": "json",
         "USE_GENERIC_RESOURCE_NAME": "true",
         "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        "METRICS_PORT": "-1",
+        "METRICS_OTLP": "false",
+        "METRICS_EXPORT_INTERVAL": "60s",
     }
+    assert container["ports"] == [{"name": "health", "containerPort": 51515, "protocol": "TCP"}]
     assert host_mounts(ds) == {
         "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", False),
         "/var/run/cdi": ("/var/run/cdi", False),
@@ -640,6 +663,11 @@ REFUSED: list[tuple[str, Any, str]] = [
         "user@otel-collector:4317", "otel collector:4317", ":4317", "otel-collector:04317",
         "http://otel-collector:4317/v1/traces", "HTTPS://otel-collector:4317", "otel_:4317",
         "-otel:4317")),
+    # OTLP metrics without a collector: the daemon stops with a usage error.
+    ("devicePlugin.metrics.otlp.enabled", True, "METRICS_OTLP"),
+    *(("devicePlugin.metrics.otlp.exportInterval", v, "METRICS_EXPORT_INTERVAL") for v in (
+        "0s", "-1s", "25h", "60", "abc", "")),
+    *(("devicePlugin.metrics.prometheus.port", v, "METRICS_PORT") for v in (65536, 99999)),
 ]  # fmt: skip
 
 
@@ -725,6 +753,8 @@ ACCEPTED: list[tuple[str, Any, str]] = [
         "otel-collector.observability:4317", "https://otel.example.com",
         "https://otel.example.com:4317/", "http://10.0.0.1:4318", "grpc://otel:4317",
         "grpcs://otel:443", "[::1]:4317", "localhost:65535")),
+    *(("devicePlugin.metrics.otlp.exportInterval", v, "METRICS_EXPORT_INTERVAL") for v in (
+        "24h", "1ms", "15s", "1m30s")),
 ]  # fmt: skip
 
 

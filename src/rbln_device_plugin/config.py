@@ -133,6 +133,7 @@ class Option:
 
 DEFAULT_SCAN_INTERVAL_S: Final = 5.0
 MAX_SCAN_INTERVAL_S: Final = 24 * 3600.0
+DEFAULT_METRICS_EXPORT_INTERVAL_S: Final = 60.0
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
@@ -149,6 +150,16 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
            "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
            "empty disables tracing", "ENDPOINT"),
+    Option("metrics_port", "--metrics-port", "METRICS_PORT", "-1",
+           "TCP port of the Prometheus metrics endpoint (GET /metrics); negative disables it, "
+           "0 picks a free port", "PORT", shown_default="-1 (off)"),
+    Option("metrics_otlp", "--metrics-otlp", "METRICS_OTLP", "false",
+           "push metrics over OTLP to --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT, apart "
+           "from tracing", "BOOL"),
+    Option("metrics_export_interval", "--metrics-export-interval", "METRICS_EXPORT_INTERVAL",
+           format_duration(DEFAULT_METRICS_EXPORT_INTERVAL_S),
+           "time between OTLP metric pushes, a Go duration; positive and at most "
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
     Option("node_name", "--node-name", "NODE_NAME", "",
            "Kubernetes node name, recorded on traces as k8s.node.name", "NAME"),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
@@ -177,6 +188,9 @@ class Config:
     healthcheck_port: int
     scan_interval: float
     otlp_endpoint: str
+    metrics_port: int
+    metrics_otlp: bool
+    metrics_export_interval: float
     node_name: str
     sysfs_root: Path
     dev_root: Path
@@ -193,10 +207,17 @@ class Config:
     def healthcheck_enabled(self) -> bool:
         return self.healthcheck_port >= 0
 
+    @property
+    def metrics_endpoint_enabled(self) -> bool:
+        return self.metrics_port >= 0
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.metrics_endpoint_enabled or self.metrics_otlp
+
     def origin(self, name: str) -> str:
         """What supplied setting ``name``: its flag, its variable, or the default."""
-        option = next(o for o in OPTIONS if o.field == name)
-        return _origin(option, self.sources.get(name, "default"))
+        return _origin(_option(name), self.sources.get(name, "default"))
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration as log fields."""
@@ -205,7 +226,7 @@ class Config:
             if item.name == "sources":
                 continue
             value = getattr(self, item.name)
-            if item.name == "scan_interval":
+            if item.name in ("scan_interval", "metrics_export_interval"):
                 value = format_duration(value)
             elif isinstance(value, Path):
                 value = str(value)
@@ -218,6 +239,10 @@ class Config:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.capitalize() for part in rest)
+
+
+def _option(field: str) -> Option:
+    return next(o for o in OPTIONS if o.field == field)
 
 
 def _origin(option: Option, source: str) -> str:
@@ -292,6 +317,9 @@ _CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
     "healthcheck_port": _port,
     "scan_interval": _interval,
     "otlp_endpoint": _text,
+    "metrics_port": _port,
+    "metrics_otlp": _bool,
+    "metrics_export_interval": _interval,
     "node_name": _text,
     "sysfs_root": _path,
     "dev_root": _path,
@@ -317,6 +345,12 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Conf
         except ConfigError as exc:
             raise ConfigError(f"{_origin(option, source)}: {exc}") from None
     config = Config(**values, sources=sources)
+    if config.metrics_otlp and not config.otlp_endpoint:
+        endpoint = _option("otlp_endpoint")
+        raise ConfigError(
+            f"{config.origin('metrics_otlp')}: OTLP metrics need a collector; set "
+            f"{endpoint.flag} or {endpoint.env}"
+        )
     socket_path = config.kubelet_dir / _LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
         raise ConfigError(

@@ -28,6 +28,7 @@ from rbln_device_plugin.model.devicetable import Change, DeviceTable, Entry, Kub
 from rbln_device_plugin.model.health import StatusReading, Verdict
 from rbln_device_plugin.model.inventory import Device, natural_key
 from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
 from rbln_device_plugin.telemetry.tracing import Tracer
 
 REGISTER_TIMEOUT_S: Final = 10.0
@@ -56,8 +57,10 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         on_stream_lost: Callable[[ResourcePlugin], None] = lambda _: None,
         rsd_local_lock: asyncio.Lock | None = None,
         hostio: HostIO | None = None,
+        metrics: Metrics = NOOP,
     ) -> None:
         self.resource = resource
+        self._metrics = metrics
         self.socket_path = config.kubelet_dir / socket_name(resource)
         self.kubelet_socket = config.kubelet_dir / KUBELET_SOCKET
         self._config = config
@@ -74,6 +77,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
             self.check_health,
             rsd_local_lock or asyncio.Lock(),
             self._hostio,
+            metrics,
         )
         self._on_stream_lost = on_stream_lost
         self._server: grpc.aio.Server | None = None
@@ -145,6 +149,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
 
     async def stop(self) -> None:
         self._stopping = True
+        self._metrics.devices(self.resource, None)
         if self.registration is not None:
             self.registration.cancel()
             await asyncio.gather(self.registration, return_exceptions=True)
@@ -186,6 +191,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         async with self._observe_lock:
             readings = await self._read_statuses(devices)
             changes = self.table.apply_scan(devices, readings)
+        self._metrics.devices(self.resource, self.table.entries)
         if self.announced:
             self._log_changes(changes)
         view = self.table.kubelet_view()
@@ -261,6 +267,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         sent = -1
         self.open_streams += 1
+        self._metrics.stream_opened(self.resource)
         token = object()
         if self._expecting_kubelet_stream:
             self._expecting_kubelet_stream = False
@@ -280,6 +287,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
                 )  # fmt: skip
         finally:
             self.open_streams -= 1
+            self._metrics.stream_closed(self.resource)
             if not self._stopping and self._kubelet_stream is token:
                 # The kubelet never reopens a stream on its own: the manager decides whether
                 # this is a kubelet restart or a stream lost alone, and registers again.
@@ -296,7 +304,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for container in request.container_requests:
-            ids = await preferred.choose(self.resource, self.table, container)
+            ids = await preferred.choose(self.resource, self.table, container, self._metrics)
             response.container_responses.add(deviceIDs=ids)
         return response
 

@@ -28,6 +28,7 @@ from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
 from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.streaks import FailureStreak
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.tracing import Tracer
 from rbln_device_plugin.waits import unless_stopped, wait_any
@@ -48,14 +49,19 @@ class Manager:
         scanner: Scanner | None = None,
         hostio: HostIO | None = None,
         on_scan: Callable[[], None] = lambda: None,
+        metrics: m.Metrics = m.NOOP,
     ) -> None:
         self._config = config
+        self._metrics = metrics
         self._tracer = tracer
         self._on_first_scan = on_first_scan
         self._on_scan = on_scan
         self._hostio = hostio or HostIO()
         self._scanner = scanner or Scanner(
-            sysfs_root=config.sysfs_root, smi_path=config.rbln_smi, hostio=self._hostio
+            sysfs_root=config.sysfs_root,
+            smi_path=config.rbln_smi,
+            hostio=self._hostio,
+            metrics=metrics,
         )
         self.plugins: dict[str, ResourcePlugin] = {}
         self._wake = asyncio.Event()
@@ -70,6 +76,10 @@ class Manager:
         self._restart_pending = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.scans = 0
+        # Device IDs per resource after the previous scan (None before the first one), for
+        # the appeared/disappeared counters: what the kubelet was offered, whatever
+        # plugin instance offered it.
+        self._offered: dict[str, frozenset[str]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._clean_cdi()
@@ -108,6 +118,7 @@ class Manager:
     async def _reconcile(self) -> None:
         started = time.monotonic()
         self.scans += 1
+        outcome = m.OK
         try:
             result = await self._scanner.scan()
             wanted: Mapping[str, Sequence[Device]] = {
@@ -117,6 +128,7 @@ class Manager:
             log.error("Device discovery failed; reporting zero devices until it recovers", err=exc)
             self._discovery_failures.failed(str(exc))
             wanted = {}
+            outcome = m.SCAN_DISCOVERY_FAILED
         except Exception as exc:  # a bug on odd input must not end the scan loop
             log.error(
                 "Device discovery failed; reporting zero devices until it recovers",
@@ -124,6 +136,7 @@ class Manager:
             )  # fmt: skip
             self._discovery_failures.failed(repr(exc))
             wanted = {}
+            outcome = m.SCAN_DISCOVERY_FAILED
         else:
             failed_scans = self._discovery_failures.succeeded()
             if failed_scans:
@@ -150,6 +163,9 @@ class Manager:
                     "Cannot update device plugin; retrying next scan",
                     resourceName=resource, err=exc, exc_info=True,
                 )  # fmt: skip
+        if self._metrics.enabled:
+            self._count_changes(wanted)
+        self._metrics.scan(outcome, time.monotonic() - started)
         log.debug(
             "Reconciled device inventory",
             resourceCount=len(self.plugins),
@@ -158,6 +174,15 @@ class Manager:
             tasks=len(asyncio.all_tasks()),
             streams=sum(plugin.open_streams for plugin in self.plugins.values()),
         )
+
+    def _count_changes(self, wanted: Mapping[str, Sequence[Device]]) -> None:
+        offered = {name: frozenset(d.name for d in devices) for name, devices in wanted.items()}
+        before, self._offered = self._offered, offered
+        if before is None:
+            return  # the first scan sets the baseline: a start is not a change
+        for resource in sorted(set(before) | set(offered)):
+            old, new = before.get(resource, frozenset()), offered.get(resource, frozenset())
+            self._metrics.inventory_changes(resource, len(new - old), len(old - new))
 
     async def _sync_plugin(
         self, resource: str, devices: Sequence[Device], can_start: bool = True
@@ -181,6 +206,7 @@ class Manager:
                 self._stream_lost,
                 self._rsd_local_lock,
                 self._hostio,
+                self._metrics,
             )
             try:
                 await plugin.start()
@@ -203,6 +229,7 @@ class Manager:
         try:
             await plugin.register()
         except RegistrationError as exc:
+            self._metrics.registration(plugin.resource, m.REGISTRATION_FAILED)
             # A kubelet that is not there fails every scan: say it once per reason.
             emit = log.error if streak.failed(str(exc)) else log.debug
             emit(
@@ -210,6 +237,7 @@ class Manager:
                 resourceName=plugin.resource, err=exc, failedAttempts=streak.failures,
             )  # fmt: skip
         else:
+            self._metrics.registration(plugin.resource, m.OK)
             plugin.announce(failed_attempts=streak.succeeded())
         finally:
             plugin.registration = None
@@ -242,6 +270,7 @@ class Manager:
     def _kubelet_restarted(self) -> None:
         """A new kubelet.sock: the scan loop restarts the plugins, in one task."""
         self._restart_pending = True
+        self._metrics.kubelet_restart()
         self._wake.set()
 
     async def _restart_if_kubelet_restarted(self) -> None:

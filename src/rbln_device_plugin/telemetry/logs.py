@@ -155,6 +155,11 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     return _sink.flush(timeout) if _sink is not None else True
 
 
+def dropped_total() -> int:
+    """Records the installed sink has dropped because stdout was blocked."""
+    return _sink.dropped_total if _sink is not None else 0
+
+
 def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSettings:
     """Install the process-wide logger and bridge the stdlib loggers into it."""
     global _sink

@@ -133,6 +133,28 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- $metrics := $plugin.metrics }}
+{{- if and $metrics.otlp.enabled (not $plugin.otlpEndpoint) }}
+{{- fail "devicePlugin.metrics.otlp.enabled: OTLP metrics need devicePlugin.otlpEndpoint (the collector)" }}
+{{- end }}
+{{- $export := include "rbln-device-plugin.durationSeconds" $metrics.otlp.exportInterval | float64 }}
+{{- if or (gt $export 86400.0) (not (gt $export 0.0)) }}
+{{- fail (printf "devicePlugin.metrics.otlp.exportInterval: %s is not a positive duration of at most 24h" $metrics.otlp.exportInterval) }}
+{{- end }}
+{{- if and $metrics.service.enabled (not $metrics.prometheus.enabled) }}
+{{- fail "devicePlugin.metrics.service.enabled: the Service needs devicePlugin.metrics.prometheus.enabled" }}
+{{- end }}
+{{- if and $metrics.serviceMonitor.enabled (not $metrics.service.enabled) }}
+{{- fail "devicePlugin.metrics.serviceMonitor.enabled: the ServiceMonitor needs devicePlugin.metrics.service.enabled" }}
+{{- end }}
+{{- if and $metrics.prometheus.enabled (eq (int $metrics.prometheus.port) (int $plugin.containers.plugin.healthcheckPort)) }}
+{{- fail (printf "devicePlugin.metrics.prometheus.port: %d is already the health port (devicePlugin.containers.plugin.healthcheckPort)" (int $metrics.prometheus.port)) }}
+{{- end }}
+{{- $interval := include "rbln-device-plugin.durationSeconds" $metrics.serviceMonitor.interval | float64 }}
+{{- $timeout := include "rbln-device-plugin.durationSeconds" $metrics.serviceMonitor.scrapeTimeout | float64 }}
+{{- if gt $timeout $interval }}
+{{- fail (printf "devicePlugin.metrics.serviceMonitor.scrapeTimeout: %s is longer than the interval %s" $metrics.serviceMonitor.scrapeTimeout $metrics.serviceMonitor.interval) }}
+{{- end }}
 {{- $taken := dict "/dev" "the /dev mount" "/run/rbln" "the /run/rbln mount" "/host/usr/bin" "the host /usr/bin mount" }}
 {{- range $key := list "kubeletDevicePluginPath" "cdiRoot" }}
 {{- $path := clean (get $plugin $key) }}
