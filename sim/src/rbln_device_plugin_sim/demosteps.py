@@ -32,7 +32,10 @@ EXPOSED: Final = "Device exposed"
 # The daemon's records each step causes, in the order it writes them (msg, how many);
 # the device count is filled in per node.
 STEP_RECORDS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
-    "start": (("Distributed tracing disabled; no OTLP endpoint configured", 1),),
+    "start": (
+        ("Distributed tracing disabled; no OTLP endpoint configured", 1),
+        ("Metrics disabled; no metrics port or OTLP metrics configured", 1),
+    ),
     "register": ((REGISTERED, 1), (EXPOSED, -1)),
     "allocate": (("Completed container allocation", 1),),
     "fault": (("Device state changed", 1),),
