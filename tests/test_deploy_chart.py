@@ -310,6 +310,9 @@ def daemon_objection(env: Mapping[str, str]) -> str | None:
         config.resolve({}, env)
     except config.ConfigError as exc:
         return str(exc)
+    ignored = config.ignored_env_problem(env)
+    if ignored is not None:
+        return ignored
     fallbacks = logs.resolve_settings(env).fallbacks
     if fallbacks:
         return f"logging falls back to defaults: {fallbacks}"
@@ -644,13 +647,22 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("devicePlugin.cdiRoot", "", "CDI_ROOT"),
     ("devicePlugin.cdiRoot", None, "CDI_ROOT"),
     ("devicePlugin.cdiRoot", " ", "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", "cdi", "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", "var/run/cdi", "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", "/var/run/../cdi", "CDI_ROOT"),
+    ("devicePlugin.kubeletDevicePluginPath", "device-plugins", "KUBELET_DEVICE_PLUGIN_PATH"),
+    ("devicePlugin.kubeletDevicePluginPath", "/var/lib/kubelet/..", "KUBELET_DEVICE_PLUGIN_PATH"),
+    ("devicePlugin.useGenericResourceName", "maybe", "USE_GENERIC_RESOURCE_NAME"),
+    ("devicePlugin.useGenericResourceName", "yes", "USE_GENERIC_RESOURCE_NAME"),
     ("logging.level", "verbose", "RBLN_DEVICE_PLUGIN_LOG_LEVEL"),
     ("logging.level", "trace", "RBLN_DEVICE_PLUGIN_LOG_LEVEL"),
     ("logging.format", "xml", "RBLN_DEVICE_PLUGIN_LOG_FORMAT"),
     *(("devicePlugin.otlpEndpoint", v, "OTEL_EXPORTER_OTLP_ENDPOINT") for v in (
         "otel-collector", "otel-collector:0", "otel-collector:65536", "otel-collector:otlp",
         "ftp://otel-collector:4317", "https://", "https://otel-collector:99999",
-        "user@otel-collector:4317", "otel collector:4317", ":4317")),
+        "user@otel-collector:4317", "otel collector:4317", ":4317", "otel-collector:04317",
+        "http://otel-collector:4317/v1/traces", "HTTPS://otel-collector:4317", "otel_:4317",
+        "-otel:4317")),
     # OTLP metrics without a collector: the daemon stops with a usage error.
     ("devicePlugin.metrics.otlp.enabled", True, "METRICS_OTLP"),
     *(("devicePlugin.metrics.otlp.exportInterval", v, "METRICS_EXPORT_INTERVAL") for v in (
@@ -792,6 +804,54 @@ def test_scan_interval_helm_and_daemon_agree(
     daemon_ok = daemon_objection({"DEVICE_SCAN_INTERVAL": text}) is None
     helm_ok = helm.attempt("--set-string", f"{SCAN}={text}").returncode == 0
     assert helm_ok == daemon_ok, f"{text!r} ({seconds} s): helm {helm_ok}, daemon {daemon_ok}"
+
+
+# (what --set gives, words the refusal must contain). Each names the key, says what is
+# wrong and what to write instead; none prints a pattern.
+READABLE: list[tuple[list[str], str]] = [
+    (["--set", f"{SCAN}=5"], f"{SCAN}: 5 is a number, but the plugin needs a Go duration with "
+     "a unit, such as 5s"),
+    (["--set", f"{SCAN}=5x"], f'{SCAN}: "5x" is not a Go duration: write numbers with units'),
+    (["--set", "devicePlugin.otlpEndpoint=otel-collector"], 'devicePlugin.otlpEndpoint: '
+     '"otel-collector" is neither host:port (port 1-65535, no TLS) nor a URL'),
+    (["--set", "devicePlugin.cdiRoot=cdi"], 'devicePlugin.cdiRoot: "cdi" is not an absolute '
+     "path; give the host directory, such as /var/run/cdi"),
+    (["--set", "devicePlugin.kubeletDevicePluginPath=/var/lib/kubelet/../x"],
+     "devicePlugin.kubeletDevicePluginPath: \"/var/lib/kubelet/../x\" contains '..'"),
+    (["--set", f"{PLUGIN}.resources.limits.memory=256MB"], f"{PLUGIN}.resources.limits.memory: "
+     '"256MB" is not a Kubernetes quantity (such as 256Mi'),
+    (["--set-json", f'{PLUGIN}.extraEnv=[{{"name": "SYSFS_ROOT", "value": " "}}]'],
+     f"{PLUGIN}.extraEnv: SYSFS_ROOT is blank; give a path"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "words"), READABLE)
+def test_refusals_say_what_is_wrong_in_words(helm: Helm, args: list[str], words: str) -> None:
+    done = helm.attempt(*args)
+    assert refused_by_chart(done), done.stderr
+    assert words in done.stderr
+    assert "pattern" not in done.stderr and "^" not in done.stderr, done.stderr
+
+
+_ENDPOINT = st.tuples(
+    st.sampled_from(["", "http://", "https://", "grpc://", "grpcs://", "HTTP://", "ftp://"]),
+    st.sampled_from(["otel", "otel-collector.ns.svc", "-otel", "otel-", "o_t", "[::1]", "[zz]",
+                     "10.0.0.1", "", "o tel", "otel.", "a"]),
+    st.sampled_from(["", ":4317", ":0", ":1", ":65535", ":65536", ":04317", ":x", ":"]),
+    st.sampled_from(["", "/", "/v1/traces", "?q"]),
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(parts=_ENDPOINT)
+def test_otlp_endpoint_helm_and_daemon_agree(helm: Helm, parts: tuple[str, str, str, str]) -> None:
+    endpoint = "".join(parts)
+    if not endpoint:
+        return  # empty turns tracing off in both
+    daemon_ok = daemon_objection({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}) is None
+    done = helm.attempt(*_set_json("devicePlugin.otlpEndpoint", endpoint))
+    assert done.returncode == 0 or refused_by_chart(done), done.stderr
+    assert (done.returncode == 0) == daemon_ok, f"{endpoint!r}: helm {done.stderr}"
 
 
 def test_chart_sets_exactly_the_variables_the_cli_reads(rendered: dict[str, str]) -> None:

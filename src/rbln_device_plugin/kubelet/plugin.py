@@ -100,8 +100,12 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        """Serve on the plugin socket (replacing a stale one), readable by the owner only."""
-        paths.ensure_dir(self.socket_path.parent)
+        """Serve on the plugin socket (replacing a stale one), readable by the owner only.
+
+        The kubelet's directory must exist: the daemon waits for it, never creates it.
+        """
+        if not self.socket_path.parent.is_dir():
+            raise RuntimeError(f"the kubelet directory {self.socket_path.parent} does not exist")
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = grpc.aio.server()
@@ -233,12 +237,17 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
                     **counts,
                 )
 
-    def announce(self) -> None:
-        """The narrative of a (re)registration: the plugin, then each device it exposes."""
+    def announce(self, failed_attempts: int = 0) -> None:
+        """The narrative of a (re)registration: the plugin, then each device it exposes.
+
+        ``failed_attempts``: registrations that failed before this one (said only if any).
+        """
         counts = self.table.counts()
+        after_failures = {"failedAttempts": failed_attempts} if failed_attempts else {}
         log.info(
             "Registered device plugin with kubelet",
             resourceName=self.resource, **counts.fields(), socketPath=str(self.socket_path),
+            **after_failures,
         )  # fmt: skip
         for entry in sorted(self.table.entries.values(), key=lambda e: natural_key(e.device.name)):
             _log_exposed(self.resource, entry)

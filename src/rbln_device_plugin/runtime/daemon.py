@@ -14,6 +14,7 @@ from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
+from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager
 from rbln_device_plugin.telemetry import metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
@@ -81,7 +82,11 @@ async def _serve(config: Config) -> int:
     instance = InstanceLock(config.kubelet_dir)
     try:
         try:
-            if not await instance.acquire(stop):
+            # The lock and the sockets live in the kubelet's directory, which only the
+            # kubelet creates: on a machine that is not (yet) a node, wait for it.
+            if not await KubeletDirectory(config.kubelet_dir).wait(stop) or not (
+                await instance.acquire(stop)
+            ):
                 log.info("Shutdown complete", signal=received[0].name if received else None)
                 return 0
         except InstanceLockError as exc:

@@ -27,6 +27,8 @@ from rbln_device_plugin.kubelet.plugin import RegistrationError, ResourcePlugin
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
 from rbln_device_plugin.model.health import HealthHistory
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
+from rbln_device_plugin.runtime.streaks import FailureStreak
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.tracing import Tracer
@@ -72,6 +74,10 @@ class Manager:
         # order, in front of the node-wide RSD file lock.
         self._rsd_local_lock = asyncio.Lock()
         self.kubelet = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
+        self._kubelet_dir = KubeletDirectory(config.kubelet_dir)
+        # Said once, again on a new reason, and once more when it ends (see streaks).
+        self._discovery_failures = FailureStreak()
+        self._registration_failures: dict[str, FailureStreak] = {}
         self._restart_pending = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.scans = 0
@@ -125,6 +131,7 @@ class Manager:
             }
         except DiscoveryError as exc:
             log.error("Device discovery failed; reporting zero devices until it recovers", err=exc)
+            self._discovery_failures.failed(str(exc))
             wanted = {}
             outcome = m.SCAN_DISCOVERY_FAILED
         except Exception as exc:  # a bug on odd input must not end the scan loop
@@ -132,8 +139,17 @@ class Manager:
                 "Device discovery failed; reporting zero devices until it recovers",
                 err=f"internal error: {exc!r}", exc_info=True,
             )  # fmt: skip
+            self._discovery_failures.failed(repr(exc))
             wanted = {}
             outcome = m.SCAN_DISCOVERY_FAILED
+        else:
+            failed_scans = self._discovery_failures.succeeded()
+            if failed_scans:
+                log.info(
+                    "Device discovery recovered",
+                    failedScans=failed_scans,
+                    deviceCount=sum(len(devices) for devices in wanted.values()),
+                )
         # The kubelet may have restarted while rbln-smi ran: restart first, register once.
         await self._restart_if_kubelet_restarted()
         for resource in sorted(set(self.plugins) - set(wanted)):
@@ -141,10 +157,13 @@ class Manager:
             self._histories.pop(resource, None)
             await plugin.update(())  # every device disappears, and is logged as such
             await plugin.stop()
+            self._registration_failures.pop(resource, None)
             log.info("Stopped device plugin for absent resource", resourceName=resource)
+        # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
+        can_start = self._kubelet_dir.present() if wanted else True
         for resource in sorted(wanted):
             try:
-                await self._sync_plugin(resource, wanted[resource])
+                await self._sync_plugin(resource, wanted[resource], can_start)
             except Exception as exc:  # one resource's trouble must not cost the others
                 log.error(
                     "Cannot update device plugin; retrying next scan",
@@ -171,7 +190,9 @@ class Manager:
             old, new = before.get(resource, frozenset()), offered.get(resource, frozenset())
             self._metrics.inventory_changes(resource, len(new - old), len(old - new))
 
-    async def _sync_plugin(self, resource: str, devices: Sequence[Device]) -> None:
+    async def _sync_plugin(
+        self, resource: str, devices: Sequence[Device], can_start: bool = True
+    ) -> None:
         plugin = self.plugins.get(resource)
         if plugin is not None and not plugin.socket_intact():
             log.warning(
@@ -182,6 +203,8 @@ class Manager:
             del self.plugins[resource]
             plugin = None
         if plugin is None:
+            if not can_start:
+                return
             plugin = ResourcePlugin(
                 resource,
                 self._config,
@@ -209,17 +232,20 @@ class Manager:
             )
 
     async def _register(self, plugin: ResourcePlugin) -> None:
+        streak = self._registration_failures.setdefault(plugin.resource, FailureStreak())
         try:
             await plugin.register()
         except RegistrationError as exc:
             self._metrics.registration(plugin.resource, m.REGISTRATION_FAILED)
-            log.error(
+            # A kubelet that is not there fails every scan: say it once per reason.
+            emit = log.error if streak.failed(str(exc)) else log.debug
+            emit(
                 "Device plugin registration failed; retrying next scan",
-                resourceName=plugin.resource, err=exc,
+                resourceName=plugin.resource, err=exc, failedAttempts=streak.failures,
             )  # fmt: skip
         else:
             self._metrics.registration(plugin.resource, m.OK)
-            plugin.announce()
+            plugin.announce(failed_attempts=streak.succeeded())
         finally:
             plugin.registration = None
 
