@@ -14,8 +14,9 @@ from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
+from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager
-from rbln_device_plugin.telemetry import tracing
+from rbln_device_plugin.telemetry import metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -81,7 +82,11 @@ async def _serve(config: Config) -> int:
     instance = InstanceLock(config.kubelet_dir)
     try:
         try:
-            if not await instance.acquire(stop):
+            # The lock and the sockets live in the kubelet's directory, which only the
+            # kubelet creates: on a machine that is not (yet) a node, wait for it.
+            if not await KubeletDirectory(config.kubelet_dir).wait(stop) or not (
+                await instance.acquire(stop)
+            ):
                 log.info("Shutdown complete", signal=received[0].name if received else None)
                 return 0
         except InstanceLockError as exc:
@@ -104,6 +109,7 @@ async def _serve_locked(
     instance: InstanceLock,
 ) -> int:
     tracer = tracing.setup(config)
+    recorder = await metrics_setup.start(config)
 
     async def mark_ready() -> None:
         if health is not None:
@@ -113,8 +119,9 @@ async def _serve_locked(
         config,
         tracer=tracer.tracer,
         on_first_scan=mark_ready,
-        hostio=HostIO(),
+        hostio=HostIO(metrics=recorder),
         on_scan=instance.ensure_held,
+        metrics=recorder,
     )
     manager_task = asyncio.create_task(manager.run(stop), name="manager")
     stop_task = asyncio.create_task(stop.wait(), name="stop-signal")
@@ -137,7 +144,7 @@ async def _serve_locked(
             await asyncio.gather(manager_task, return_exceptions=True)
         except Exception:
             pass  # already reported above
-        await tracer.shutdown()
+        await asyncio.gather(tracer.shutdown(), recorder.shutdown())
         log.info(
             "Shutdown complete",
             signal=received[0].name if received else None,

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-from rbln_device_plugin.host.paths import ensure_dir, file_identity
+from rbln_device_plugin.host.paths import file_identity
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
 
@@ -71,8 +71,8 @@ class InstanceLock:
 
     def ensure_held(self) -> None:
         """Lock the file again if it was deleted (the kubelet directory was recreated)."""
-        if self._fd is None:
-            return
+        if self._fd is None or not self.path.parent.is_dir():
+            return  # the directory itself is gone: the manager waits for it and says so
         current = file_identity(self.path)
         info = os.fstat(self._fd)
         if current == (info.st_dev, info.st_ino, info.st_mtime_ns):
@@ -98,7 +98,7 @@ class InstanceLock:
 
     def _try_lock(self) -> bool:
         try:
-            ensure_dir(self.path.parent)
+            # Never ensure_dir here: the kubelet's directory is the kubelet's to create.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise InstanceLockError(f"cannot open {self.path}: {exc}") from exc

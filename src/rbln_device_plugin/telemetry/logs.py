@@ -20,6 +20,7 @@ from typing import Any, Final, TextIO
 
 import structlog
 
+from rbln_device_plugin.telemetry import logfmt
 from rbln_device_plugin.telemetry.logsink import QueuedSink
 
 LEVEL_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
@@ -47,6 +48,10 @@ _LEVEL_WORDS: Final[Mapping[str, str]] = {
     "info": "info",
     "debug": "debug",
 }
+
+# gRPC's asyncio layer logs this at debug for nearly every call and server start: it
+# says nothing about the daemon and drowned two of every three debug records.
+_GRPC_NOISE: Final = ("[_cygrpc] Loaded running loop",)
 
 # Repeated OpenTelemetry SDK complaints (an unreachable collector retries forever) are
 # folded: the same message is emitted at most once per window, with a suppressed count.
@@ -102,9 +107,7 @@ def _stringify_err(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any
 
 def _renderer(fmt: str) -> structlog.typing.Processor:
     if fmt == "text":
-        return structlog.processors.LogfmtRenderer(
-            key_order=["ts", "level", "msg"], drop_missing=True, bool_as_flag=False
-        )
+        return logfmt.render
     # Compact, like the README's sample records: {"ts":"...","level":"warn",...}.
     return structlog.processors.JSONRenderer(sort_keys=False, default=str, separators=(",", ":"))
 
@@ -150,6 +153,11 @@ def _stdout_descriptor() -> int:
 def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     """Write out queued records (bounded wait); False when stdout stayed blocked."""
     return _sink.flush(timeout) if _sink is not None else True
+
+
+def dropped_total() -> int:
+    """Records the installed sink has dropped because stdout was blocked."""
+    return _sink.dropped_total if _sink is not None else 0
 
 
 def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSettings:
@@ -251,6 +259,8 @@ class _BridgeHandler(logging.Handler):
             message = record.getMessage()
         except Exception:  # a library's malformed format string must not break logging
             message = str(record.msg)
+        if self._component == "grpc" and message.startswith(_GRPC_NOISE):
+            return
         level = record.levelno
         if self._demote_info and level == logging.INFO:
             level = logging.DEBUG
