@@ -28,7 +28,8 @@ from .conftest import KUBELET_PEER_BUILDS
 from .daemon_process import DaemonProcess
 from .kubelet_peer import VERSIONS, Build, KubeletPeer, pod
 
-pytestmark = pytest.mark.kubelet_peer
+# Slow too: a Go build of each kubelet on first use, then a real device manager per test.
+pytestmark = [pytest.mark.kubelet_peer, pytest.mark.slow]
 
 NPU = "rebellions.ai/npu"
 VF1 = "rebellions.ai/npu-vf1"
