@@ -21,6 +21,7 @@ NPU = "rebellions.ai/npu"
 HEALTH = ["--healthcheck-port", "0"]
 
 
+@pytest.mark.slow  # the exporter's 5 s limit runs out during the test and at shutdown
 @pytest.mark.parametrize("mode", ["unreachable", "hanging"])
 async def test_a_broken_collector_never_delays_allocations_or_the_probe(mode: str) -> None:
     async with metrics_receiver(hang=True) as (collector, hanging_port):
