@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
-from rbln_device_plugin.runtime.instancelock import LOCK_NAME
+from rbln_device_plugin.runtime.instancelock import LEGACY_LOCK_NAME, LOCK_DIR, LOCK_NAME
 from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
@@ -52,11 +52,11 @@ async def health_port(daemon: DaemonProcess) -> int:
     return int(str(record["address"]).rsplit(":", 1)[1])
 
 
-async def health(port: int) -> str:
-    """The liveness service's status, as the kubelet's probe sees it."""
+async def health(port: int, service: str = "liveness") -> str:
+    """A health service's status, as the kubelet's probe sees it."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        reply = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
@@ -219,11 +219,14 @@ async def test_a_second_daemon_waits_for_the_first_instead_of_fighting() -> None
                 "waiting for it to exit"
             )
             assert waiting["level"] == "error" and waiting["holderPid"] == first.proc.pid
-            assert waiting["lockPath"] == str(h.node.kubelet_dir / LOCK_NAME)
+            assert waiting["lockPath"] == str(h.node.kubelet_dir / LOCK_DIR / LOCK_NAME)
             registrations = len(h.kubelet.registrations)
             for _ in range(3):
                 await next_reconcile(first)
-            assert await health(port) == "NOT_SERVING"
+            # Alive (the chart's liveness probe leaves it be), not serving the kubelet.
+            assert await health(port, "liveness") == "SERVING"
+            assert await health(port, "readiness") == "NOT_SERVING"
+            assert await health(port, "") == "NOT_SERVING"
             assert len(h.kubelet.registrations) == registrations  # no socket fight
             for device in ("rbln0", "rbln1", "rbln2"):
                 response = await h.kubelet.allocate(NPU, [[device]])
@@ -233,7 +236,7 @@ async def test_a_second_daemon_waits_for_the_first_instead_of_fighting() -> None
             await second.await_log("Instance lock acquired; starting")
             await second.await_log("Registered device plugin with kubelet", resourceName=NPU)
             await h.kubelet.wait_for(NPU, lambda v: v.ended is None and len(v.devices) == 4)
-            assert await health(port) == "SERVING"
+            assert await health(port, "readiness") == "SERVING"
         finally:
             second.kill()
 
@@ -340,7 +343,10 @@ async def test_sockets_and_created_directories_ignore_a_permissive_umask() -> No
         for created in (lock_dir.parent.parent, lock_dir.parent, lock_dir):
             assert stat.S_IMODE(created.stat().st_mode) == 0o750, created
         assert stat.S_IMODE((lock_dir / "rsd.lock").stat().st_mode) == 0o644
-        assert stat.S_IMODE((h.node.kubelet_dir / LOCK_NAME).stat().st_mode) == 0o644
+        lock = h.node.kubelet_dir / LOCK_DIR / LOCK_NAME
+        assert stat.S_IMODE(lock.parent.stat().st_mode) == 0o750
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o644
+        assert stat.S_IMODE((h.node.kubelet_dir / LEGACY_LOCK_NAME).stat().st_mode) == 0o644
 
 
 async def test_a_kubelet_directory_the_daemon_creates_is_0750(short_tmp: Path) -> None:
