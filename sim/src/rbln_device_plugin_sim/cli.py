@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("count", type=int)
     p.add_argument("--unlisted", action="store_true", help="rbln-smi does not list the VFs")
 
+    p = with_root("renumber", "reload the driver with the PFs probed in another order")
+    p.add_argument("names", nargs="+", metavar="OLD=NEW", help="e.g. rbln0=rbln1 rbln1=rbln0")
+
     p = with_root("fault", "make rbln-smi misbehave (or 'clear')")
     p.add_argument("mode", choices=[*FAULT_MODES, "clear"])
     p.add_argument("--only", action="append", choices=COMMANDS, default=[], help="repeatable")
@@ -134,6 +137,18 @@ def _repartition(args: argparse.Namespace) -> int:
     node = SimNode.open(args.root)
     vfs = node.repartition(args.pf, args.count, listed=not args.unlisted)
     print(f"{args.pf}: {args.count} VF(s) {' '.join(vfs)}".rstrip())
+    return 0
+
+
+def _renumber(args: argparse.Namespace) -> int:
+    names: dict[str, str] = {}
+    for pair in args.names:
+        old, sep, new = pair.partition("=")
+        if not sep or not old or not new:
+            raise SimError(f"{pair!r}: expected OLD=NEW, e.g. rbln0=rbln1")
+        names[old] = new
+    renamed = SimNode.open(args.root).renumber(names)
+    print(" ".join(f"{old}->{new}" for old, new in renamed.items()))
     return 0
 
 
@@ -228,6 +243,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "add-device": _add_device,
     "remove-device": _remove_device,
     "repartition": _repartition,
+    "renumber": _renumber,
     "fault": _fault,
     "groups": _groups,
 }

@@ -56,6 +56,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         on_stream_lost: Callable[[ResourcePlugin], None] = lambda _: None,
         rsd_local_lock: asyncio.Lock | None = None,
         hostio: HostIO | None = None,
+        request_rescan: Callable[[], None] = lambda: None,
     ) -> None:
         self.resource = resource
         self.socket_path = config.kubelet_dir / socket_name(resource)
@@ -74,6 +75,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
             self.check_health,
             rsd_local_lock or asyncio.Lock(),
             self._hostio,
+            request_rescan,
         )
         self._on_stream_lost = on_stream_lost
         self._server: grpc.aio.Server | None = None

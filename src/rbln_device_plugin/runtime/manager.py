@@ -170,6 +170,7 @@ class Manager:
                 self._stream_lost,
                 self._rsd_local_lock,
                 self._hostio,
+                self.request_scan,
             )
             try:
                 await plugin.start()
