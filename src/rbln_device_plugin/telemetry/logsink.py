@@ -88,7 +88,16 @@ class QueuedSink:
         return True
 
     def close(self, timeout: float) -> bool:
-        """Flush (bounded), then refuse further lines. A blocked writer is abandoned."""
+        """Flush (bounded), then refuse further lines. A blocked writer is abandoned.
+
+        Lines dropped since the last notice get their notice first, so the count of
+        lost lines is complete whenever the output drains in time.
+        """
+        with self._lock:
+            if self._dropped and not self._closed:
+                self._pending.append(_Dropped(self._dropped))
+                self._dropped = 0
+                self._ready.notify()
         flushed = self.flush(timeout)
         with self._lock:
             self._closed = True
