@@ -83,11 +83,10 @@ def _watch_children_with_pidfds() -> None:
 def _exit_now(signum: int, _frame: FrameType | None = None) -> None:
     """A second shutdown signal: one record, a short flush, then exit without cleanup."""
     code = 128 + signum
-    log.warning(
+    logs.last_words(
         "Second shutdown signal received; exiting at once",
-        signal=signal.Signals(signum).name, exitCode=code,
+        IMMEDIATE_EXIT_FLUSH_S, signal=signal.Signals(signum).name, exitCode=code,
     )  # fmt: skip
-    logs.flush(IMMEDIATE_EXIT_FLUSH_S)
     os._exit(code)
 
 
@@ -136,7 +135,9 @@ async def _serve(config: Config) -> int:
         if health is not None:
             await health.stop(grace=0.2)
         for sig in SHUTDOWN_SIGNALS:
-            loop.remove_signal_handler(sig)
+            loop.remove_signal_handler(sig)  # back to the default action...
+            if received:  # ...except that a second signal still exits at once, as promised
+                signal.signal(sig, _exit_now)
 
 
 async def _serve_locked(

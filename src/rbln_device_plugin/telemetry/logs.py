@@ -162,6 +162,19 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     return _sink.flush(timeout) if _sink is not None else True
 
 
+def last_words(message: str, timeout: float, **fields: Any) -> None:
+    """One warn record and a bounded flush, from a signal handler just before ``os._exit``.
+
+    The handler may have interrupted this very thread inside the log queue, holding its
+    lock: every wait here is bounded, so the exit comes whatever state the queue is in
+    (the record may then be lost).
+    """
+    if _sink is not None:
+        _sink.wait_limit = min(timeout, 0.1)
+    get_logger().warning(message, **fields)
+    flush(timeout)
+
+
 def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSettings:
     """Install the process-wide logger and bridge the stdlib loggers into it."""
     global _sink
