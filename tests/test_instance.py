@@ -177,14 +177,14 @@ async def test_liveness_fails_while_a_scan_is_stuck_and_recovers_after() -> None
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         port = await health_port(h.daemon)
         async with watching(port, "liveness") as liveness:
-            assert await liveness.get() == "SERVING"
+            assert await asyncio.wait_for(liveness.get(), 30) == "SERVING"
             # One rbln-smi listing takes 3 s (its own limit is 5 s): the scan outlives 1 s.
             h.node.inject_fault(Fault("slow", ("list",), delay=3.0, remaining=1))
             stalled = await h.daemon.await_log(
                 "Device scan has not finished; liveness is NOT_SERVING until it does"
             )
             assert stalled[0]["level"] == "error" and stalled[0]["limit"] == "1s"
-            assert await liveness.get() == "NOT_SERVING"
+            assert await asyncio.wait_for(liveness.get(), 30) == "NOT_SERVING"
             assert await health(port, "readiness") == "SERVING"
             await h.daemon.await_log("Device scan finished; liveness is SERVING again")
-            assert await liveness.get() == "SERVING"
+            assert await asyncio.wait_for(liveness.get(), 30) == "SERVING"
