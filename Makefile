@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Everything: the daemon, the simulator and the development tools (make install / test).
 STAMP := $(VENV)/.installed-stamp
+# The daemon and the simulator only, all `make demo` needs (about 55 MB instead of 380).
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
 .PHONY: install test lint typecheck pytest proto demo bench soak tools clean
@@ -11,13 +14,30 @@ $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]' -e ./sim
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME_STAMP)
+
+# A full install (above) already holds the runtime; otherwise install only that, with
+# pip's own progress lines, so a first `make demo` on a cold machine is never silent.
+$(RUNTIME_STAMP): pyproject.toml sim/pyproject.toml
+	@if [ -f $(STAMP) ] && [ ! $(STAMP) -ot pyproject.toml ] && [ ! $(STAMP) -ot sim/pyproject.toml ]; then \
+		touch $(RUNTIME_STAMP); \
+	else \
+		echo "Installing the daemon and the simulator into $(VENV) (runtime only; make test adds the development tools)"; \
+		test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+		$(BIN)/python -m pip install --upgrade --progress-bar on pip && \
+		$(BIN)/python -m pip install --progress-bar on -e . -e ./sim && \
+		touch $(RUNTIME_STAMP); \
+	fi
 
 install: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src sim tests bench deployments
 	$(BIN)/ruff format --check src sim tests bench deployments
+	@# The kubelet peer's Go sources (tests/kubelet-peer) when Go is installed.
+	@if command -v gofmt >/dev/null; then \
+		out=$$(gofmt -l tests/kubelet-peer); test -z "$$out" || { echo "gofmt: $$out"; exit 1; }; \
+	else echo "gofmt not found: skipping the kubelet peer's format check"; fi
 
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py
@@ -34,7 +54,7 @@ proto: $(STAMP)
 		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=src \
 		$(PROTO_SRC)
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(BIN)/rbln-device-plugin-sim demo
 
 bench: $(STAMP)

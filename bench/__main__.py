@@ -13,7 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import bench_daemon, bench_lean, bench_load, bench_preferred, bench_scan, bench_topology
+from . import (
+    bench_daemon,
+    bench_lean,
+    bench_load,
+    bench_metrics,
+    bench_preferred,
+    bench_scan,
+    bench_topology,
+)
 
 Row = dict[str, Any]
 
@@ -61,6 +69,7 @@ def main(argv: list[str]) -> int:
         ("preferred allocation", topology_rows),
         ("daemon", bench_daemon.run),
         ("lean", bench_lean.run),
+        ("metrics", bench_metrics.run),
         ("load", bench_load.run),
     ]
     rows: list[Row] = []

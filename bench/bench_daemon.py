@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -96,7 +96,7 @@ def wrapper_cost_ms(smi: Path, timings: Path, runs: int = 10) -> float:
 
 @asynccontextmanager
 async def node_with_daemon(
-    layout: Layout, interval: str, prepare: Any = None
+    layout: Layout, interval: str, prepare: Any = None, extra_args: Sequence[str] = ()
 ) -> AsyncIterator[tuple[SimNode, KubeletStub, subprocess.Popen[bytes], float]]:
     root = short_tempdir("rbln-bench-")
     node = materialize(layout, root)
@@ -107,7 +107,7 @@ async def node_with_daemon(
     env = {**os.environ, "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "error"}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args(interval)],
+        [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args(interval), *extra_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

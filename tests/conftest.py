@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from . import kubelet_peer
+
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
@@ -29,6 +31,47 @@ def _fresh_structlog() -> Iterator[None]:
     """Tests that install the daemon's logger must not change what the next test sees."""
     yield
     structlog.reset_defaults()
+
+
+# ---------------------------------------------------------------- the kubelet peer
+KUBELET_PEER_BUILDS = pytest.StashKey[dict[str, kubelet_peer.Build]]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the kubelet peer for each version the selected tests use, before any test runs.
+
+    Building here keeps a cold build (minutes: module download and compile) out of every
+    test's timeout; later sessions reuse the cached binaries.
+    """
+    wanted = sorted(
+        {
+            item.callspec.params["kube"]
+            for item in session.items
+            if item.get_closest_marker("kubelet_peer") and hasattr(item, "callspec")
+        }
+    )
+    if not wanted:
+        return
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(text: str) -> None:
+        if reporter is not None:
+            reporter.write_line(text)
+
+    builds = config.stash.setdefault(KUBELET_PEER_BUILDS, {})
+    for version in wanted:
+        say(f"kubelet peer {version}: looking for a cached build in {kubelet_peer.cache_root()}")
+        build = kubelet_peer.build(version)
+        builds[version] = build
+        if build.skip:
+            say(f"kubelet peer {version}: skipped: {build.skip}")
+        elif build.error:
+            say(f"kubelet peer {version}: BUILD FAILED (its tests will fail)")
+        elif build.cached:
+            say(f"kubelet peer {version}: cached binary {build.binary}")
+        else:
+            say(f"kubelet peer {version}: built {build.binary} in {build.seconds:.0f} s")
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ def test_negative_interval_after_a_space_names_the_flag_like_after_equals() -> N
         assert result.returncode == 2
         (record,) = [json.loads(line) for line in result.stdout.splitlines()]
         assert record["err"] == (
-            "--device-scan-interval / DEVICE_SCAN_INTERVAL: interval must be positive, got '-1s'"
+            "--device-scan-interval (command line): interval must be positive, got '-1s'"
         )
     assert spaced.stderr == joined.stderr
     assert "expected one argument" not in spaced.stderr
@@ -96,6 +96,7 @@ def test_usage_error_respects_text_format() -> None:
 
 def _daemon_args(tmp: Path, port: str = "0", interval: str = "200ms") -> list[str]:
     missing_smi = tmp / "no-rbln-smi"
+    (tmp / "kubelet").mkdir(exist_ok=True)  # the kubelet's to create; a node has it
     return [
         "--kubelet-device-plugin-path", str(tmp / "kubelet"),
         "--cdi-root", str(tmp / "cdi"),

@@ -26,6 +26,9 @@ def test_defaults_match_the_documented_table() -> None:
     assert cfg.rbln_smi is None
     assert cfg.rsd_lock_path == Path("/var/run/rbln-rsd-group.lock")
     assert cfg.test_file_device_nodes is False
+    assert cfg.metrics_port == -1 and not cfg.metrics_endpoint_enabled
+    assert cfg.metrics_otlp is False and not cfg.metrics_enabled
+    assert cfg.metrics_export_interval == 60.0
 
 
 @pytest.mark.parametrize(
@@ -40,6 +43,9 @@ def test_defaults_match_the_documented_table() -> None:
         ("--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint", "a:1", "b:2", "a:1",
          "b:2"),
         ("--node-name", "NODE_NAME", "node_name", "f", "e", "f", "e"),
+        ("--metrics-port", "METRICS_PORT", "metrics_port", "9464", "0", 9464, 0),
+        ("--metrics-export-interval", "METRICS_EXPORT_INTERVAL", "metrics_export_interval",
+         "200ms", "1m", 0.2, 60.0),
         ("--sysfs-root", "SYSFS_ROOT", "sysfs_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--dev-root", "DEV_ROOT", "dev_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--rbln-smi", "RBLN_SMI_PATH", "rbln_smi", "/f", "/e", Path("/f"), Path("/e")),
@@ -103,16 +109,19 @@ def test_bad_durations_are_rejected(text: str) -> None:
 def test_unusable_interval_is_a_usage_error_naming_flag_and_env(value: str) -> None:
     with pytest.raises(options.UsageError) as caught:
         resolve([f"--device-scan-interval={value}"])
-    assert "--device-scan-interval / DEVICE_SCAN_INTERVAL" in str(caught.value)
-    with pytest.raises(options.UsageError):
+    assert str(caught.value).startswith("--device-scan-interval (command line): ")
+    with pytest.raises(options.UsageError) as from_env:
         resolve([], {"DEVICE_SCAN_INTERVAL": value})
+    assert str(from_env.value).startswith(
+        "DEVICE_SCAN_INTERVAL (environment; the flag is --device-scan-interval): "
+    )
 
 
 @pytest.mark.parametrize("value", ["65536", "99999", "http", "1.5", ""])
 def test_bad_ports_are_usage_errors(value: str) -> None:
     with pytest.raises(options.UsageError) as caught:
         resolve(["--healthcheck-port", value])
-    assert "HEALTHCHECK_PORT" in str(caught.value)
+    assert str(caught.value).startswith("--healthcheck-port (command line): ")
 
 
 @pytest.mark.parametrize(("value", "port"), [("-1", -1), ("-42", -42), ("0", 0), ("65535", 65535)])
@@ -154,7 +163,7 @@ def test_a_negative_interval_after_a_space_is_the_same_error_as_after_equals(val
     with pytest.raises(options.UsageError) as joined:
         resolve([f"--device-scan-interval={value}"])
     assert str(spaced.value) == str(joined.value)
-    assert "--device-scan-interval / DEVICE_SCAN_INTERVAL" in str(spaced.value)
+    assert "--device-scan-interval (command line)" in str(spaced.value)
 
 
 def test_a_dash_value_is_taken_by_any_value_flag() -> None:
@@ -181,6 +190,93 @@ def test_config_is_frozen_and_describes_itself() -> None:
 
 @pytest.mark.parametrize("raw", ["maybe", "yes", "", "2"])
 def test_test_only_device_node_setting_takes_go_booleans_only(raw: str) -> None:
-    with pytest.raises(options.UsageError, match=r"RBLN_TEST_FILE_DEVICE_NODES.*not a boolean"):
+    with pytest.raises(
+        options.UsageError, match=r"^--test-file-device-nodes \(command line\):.*not a boolean"
+    ):
         resolve(["--test-file-device-nodes", raw])
     assert resolve([], {"RBLN_TEST_FILE_DEVICE_NODES": "T"}).test_file_device_nodes is True
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "value", "why"),
+    [
+        ("--cdi-root", "CDI_ROOT", "cdi", "'cdi' is not an absolute path"),
+        ("--cdi-root", "CDI_ROOT", "./var/run/cdi", "is not an absolute path"),
+        ("--cdi-root", "CDI_ROOT", "/var/run/../cdi", "contains '..'"),
+        ("--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH", "kubelet", "absolute"),
+        ("--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH", "/var/lib/..", "'..'"),
+    ],
+)
+def test_host_directories_must_be_absolute_as_the_chart_requires(
+    flag: str, env: str, value: str, why: str
+) -> None:
+    with pytest.raises(options.UsageError) as from_flag:
+        resolve([flag, value])
+    assert str(from_flag.value).startswith(f"{flag} (command line): ")
+    assert why in str(from_flag.value)
+    with pytest.raises(options.UsageError) as from_env:
+        resolve([], {env: value})
+    assert str(from_env.value).startswith(f"{env} (environment; the flag is {flag}): ")
+    # A flag that is fine wins over a bad variable, as everywhere else.
+    assert resolve([flag, "/ok"], {env: value}) is not None
+
+
+def test_a_directory_named_with_dots_is_still_a_directory() -> None:
+    assert str(resolve(["--cdi-root", "/var/run/..cdi/x.."]).cdi_root) == "/var/run/..cdi/x.."
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("true", False), ("F", False), ("0", False), (" false ", False), ("maybe", True),
+     ("yes", True), ("", True)],
+)  # fmt: skip
+def test_operator_variable_that_is_not_a_boolean_is_named_and_ignored(
+    value: str, problem: bool
+) -> None:
+    found = config.ignored_env_problem({"USE_GENERIC_RESOURCE_NAME": value})
+    assert (found is not None) == problem
+    if problem:
+        assert found is not None and found.startswith("USE_GENERIC_RESOURCE_NAME (environment)")
+    # Never a refusal: the variable changes nothing.
+    assert resolve([], {"USE_GENERIC_RESOURCE_NAME": value}) == resolve([])
+
+
+def test_origin_names_what_supplied_each_setting() -> None:
+    cfg = resolve(["--otlp-endpoint", "x:1"], {"NODE_NAME": "n1"})
+    assert cfg.origin("otlp_endpoint") == "--otlp-endpoint (command line)"
+    assert cfg.origin("node_name") == "NODE_NAME (environment; the flag is --node-name)"
+    assert cfg.origin("cdi_root") == "--cdi-root (default)"
+
+
+def test_otlp_metrics_need_the_collector_endpoint() -> None:
+    with pytest.raises(options.UsageError) as caught:
+        resolve(["--metrics-otlp", "true"])
+    assert str(caught.value) == (
+        "--metrics-otlp (command line): OTLP metrics need a collector; "
+        "set --otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    cfg = resolve([], {"METRICS_OTLP": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317"})
+    assert cfg.metrics_otlp and cfg.metrics_enabled and not cfg.metrics_endpoint_enabled
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--metrics-port", "65536"], "--metrics-port (command line): "),
+     (["--metrics-port", "x"], "--metrics-port (command line): "),
+     (["--metrics-otlp", "maybe"], "--metrics-otlp (command line): "),
+     (["--metrics-export-interval", "0s"], "--metrics-export-interval (command line): "),
+     (["--metrics-export-interval", "25h"], "--metrics-export-interval (command line): ")],
+)  # fmt: skip
+def test_bad_metrics_settings_are_usage_errors_naming_flag_and_variable(
+    argv: list[str], named: str
+) -> None:
+    with pytest.raises(options.UsageError) as caught:
+        resolve(argv)
+    assert str(caught.value).startswith(named)
+
+
+@pytest.mark.parametrize(("value", "on"), [("-1", False), ("-9", False), ("0", True),
+                                           ("9464", True)])  # fmt: skip
+def test_a_negative_metrics_port_is_off(value: str, on: bool) -> None:
+    cfg = resolve([], {"METRICS_PORT": value})
+    assert cfg.metrics_endpoint_enabled is on and cfg.metrics_enabled is on

@@ -149,7 +149,7 @@ async def test_garbage_and_hanging_rbln_smi_are_discovery_failures() -> None:
         await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and len(v.devices) == 4, 20)
 
 
-async def test_history_survives_disappearance_but_not_a_kubelet_restart() -> None:
+async def test_history_survives_disappearance_and_a_kubelet_restart() -> None:
     async with running("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         h.node.set_status("rbln2", 4)
@@ -166,9 +166,12 @@ async def test_history_survives_disappearance_but_not_a_kubelet_restart() -> Non
         (back,) = await h.daemon.await_log("Device appeared in inventory", device="rbln2")
         assert back["level"] == "warn" and back["status"].startswith("UNREADABLE")
 
-        await h.kubelet.restart()  # new plugin instance: empty history
+        # A new plugin instance, the same history: still Unhealthy in its first list.
+        await h.kubelet.restart()
         view = await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and len(v.devices) == 4, 5)
-        assert view.health("rbln2") == "Healthy"
+        assert view.messages == 1 and view.health("rbln2") == "Unhealthy"
+        h.node.set_status("rbln2", 0)  # a READY read resolves it
+        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Healthy", 5)
 
 
 async def test_dropped_stream_is_reregistered() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -28,6 +29,7 @@ from rbln_device_plugin import _build_version, config, options
 from rbln_device_plugin.telemetry import logs, tracing
 
 from .daemon_process import DaemonProcess
+from .servicemonitor_schema import SERVICE_MONITOR_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deployments" / "helm" / "k8s-device-plugin-chart"
@@ -143,6 +145,20 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
     "otlp": ("--set", "devicePlugin.otlpEndpoint=otel-collector.observability:4317"),
     "logging": ("--set", "logging.level=debug", "--set", "logging.format=text"),
     "healthcheck-disabled": ("--set", f"{PLUGIN}.healthcheckPort=-1"),
+    "metrics": (
+        "--set", "devicePlugin.metrics.prometheus.enabled=true",
+        "--set", "devicePlugin.metrics.prometheus.port=9500",
+        "--set", "devicePlugin.otlpEndpoint=otel-collector.observability:4317",
+        "--set", "devicePlugin.metrics.otlp.enabled=true",
+        "--set", "devicePlugin.metrics.otlp.exportInterval=30s",
+        "--set", "devicePlugin.metrics.service.enabled=true",
+        "--set", "devicePlugin.metrics.service.labels.team=ml",
+        "--set-string", "devicePlugin.metrics.service.annotations.example\\.com/scrape=true",
+        "--set", "devicePlugin.metrics.serviceMonitor.enabled=true",
+        "--set", "devicePlugin.metrics.serviceMonitor.interval=1m",
+        "--set", "devicePlugin.metrics.serviceMonitor.scrapeTimeout=15s",
+        "--set", "devicePlugin.metrics.serviceMonitor.labels.release=prometheus",
+    ),
     "custom": (
         "--set", "devicePlugin.kubeletDevicePluginPath=/var/lib/k0s/kubelet/device-plugins",
         "--set", "devicePlugin.cdiRoot=/etc/cdi",
@@ -295,6 +311,9 @@ def daemon_objection(env: Mapping[str, str]) -> str | None:
         config.resolve({}, env)
     except config.ConfigError as exc:
         return str(exc)
+    ignored = config.ignored_env_problem(env)
+    if ignored is not None:
+        return ignored
     fallbacks = logs.resolve_settings(env).fallbacks
     if fallbacks:
         return f"logging falls back to defaults: {fallbacks}"
@@ -338,6 +357,9 @@ def test_every_variant_is_strictly_valid_kubernetes(
         docs = objects(rendered[variant])
         assert {o["kind"] for o in docs} >= {"DaemonSet"}
         for doc in docs:
+            if doc["kind"] == "ServiceMonitor":  # a CRD: Kubernetes' schemas do not have it
+                jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
+                continue
             try:
                 kubernetes_validate.validate(doc, kube_version, strict=True)
             except kubernetes_validate.ValidationError as exc:
@@ -397,8 +419,12 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
         "RBLN_DEVICE_PLUGIN_LOG_FORMAT": "json",
         "USE_GENERIC_RESOURCE_NAME": "true",
         "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        "METRICS_PORT": "-1",
+        "METRICS_OTLP": "false",
+        "METRICS_EXPORT_INTERVAL": "60s",
         "RSD_LOCK_PATH": "/run/rbln/rsd-group.lock",
     }
+    assert container["ports"] == [{"name": "health", "containerPort": 51515, "protocol": "TCP"}]
     assert host_mounts(ds) == {
         "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", False),
         "/var/run/cdi": ("/var/run/cdi", False),
@@ -631,13 +657,27 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("devicePlugin.cdiRoot", "", "CDI_ROOT"),
     ("devicePlugin.cdiRoot", None, "CDI_ROOT"),
     ("devicePlugin.cdiRoot", " ", "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", "cdi", "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", "var/run/cdi", "CDI_ROOT"),
+    ("devicePlugin.cdiRoot", "/var/run/../cdi", "CDI_ROOT"),
+    ("devicePlugin.kubeletDevicePluginPath", "device-plugins", "KUBELET_DEVICE_PLUGIN_PATH"),
+    ("devicePlugin.kubeletDevicePluginPath", "/var/lib/kubelet/..", "KUBELET_DEVICE_PLUGIN_PATH"),
+    ("devicePlugin.useGenericResourceName", "maybe", "USE_GENERIC_RESOURCE_NAME"),
+    ("devicePlugin.useGenericResourceName", "yes", "USE_GENERIC_RESOURCE_NAME"),
     ("logging.level", "verbose", "RBLN_DEVICE_PLUGIN_LOG_LEVEL"),
     ("logging.level", "trace", "RBLN_DEVICE_PLUGIN_LOG_LEVEL"),
     ("logging.format", "xml", "RBLN_DEVICE_PLUGIN_LOG_FORMAT"),
     *(("devicePlugin.otlpEndpoint", v, "OTEL_EXPORTER_OTLP_ENDPOINT") for v in (
         "otel-collector", "otel-collector:0", "otel-collector:65536", "otel-collector:otlp",
         "ftp://otel-collector:4317", "https://", "https://otel-collector:99999",
-        "user@otel-collector:4317", "otel collector:4317", ":4317")),
+        "user@otel-collector:4317", "otel collector:4317", ":4317", "otel-collector:04317",
+        "http://otel-collector:4317/v1/traces", "HTTPS://otel-collector:4317", "otel_:4317",
+        "-otel:4317")),
+    # OTLP metrics without a collector: the daemon stops with a usage error.
+    ("devicePlugin.metrics.otlp.enabled", True, "METRICS_OTLP"),
+    *(("devicePlugin.metrics.otlp.exportInterval", v, "METRICS_EXPORT_INTERVAL") for v in (
+        "0s", "-1s", "25h", "60", "abc", "")),
+    *(("devicePlugin.metrics.prometheus.port", v, "METRICS_PORT") for v in (65536, 99999)),
 ]  # fmt: skip
 
 
@@ -723,6 +763,8 @@ ACCEPTED: list[tuple[str, Any, str]] = [
         "otel-collector.observability:4317", "https://otel.example.com",
         "https://otel.example.com:4317/", "http://10.0.0.1:4318", "grpc://otel:4317",
         "grpcs://otel:443", "[::1]:4317", "localhost:65535")),
+    *(("devicePlugin.metrics.otlp.exportInterval", v, "METRICS_EXPORT_INTERVAL") for v in (
+        "24h", "1ms", "15s", "1m30s")),
 ]  # fmt: skip
 
 
@@ -772,6 +814,54 @@ def test_scan_interval_helm_and_daemon_agree(
     daemon_ok = daemon_objection({"DEVICE_SCAN_INTERVAL": text}) is None
     helm_ok = helm.attempt("--set-string", f"{SCAN}={text}").returncode == 0
     assert helm_ok == daemon_ok, f"{text!r} ({seconds} s): helm {helm_ok}, daemon {daemon_ok}"
+
+
+# (what --set gives, words the refusal must contain). Each names the key, says what is
+# wrong and what to write instead; none prints a pattern.
+READABLE: list[tuple[list[str], str]] = [
+    (["--set", f"{SCAN}=5"], f"{SCAN}: 5 is a number, but the plugin needs a Go duration with "
+     "a unit, such as 5s"),
+    (["--set", f"{SCAN}=5x"], f'{SCAN}: "5x" is not a Go duration: write numbers with units'),
+    (["--set", "devicePlugin.otlpEndpoint=otel-collector"], 'devicePlugin.otlpEndpoint: '
+     '"otel-collector" is neither host:port (port 1-65535, no TLS) nor a URL'),
+    (["--set", "devicePlugin.cdiRoot=cdi"], 'devicePlugin.cdiRoot: "cdi" is not an absolute '
+     "path; give the host directory, such as /var/run/cdi"),
+    (["--set", "devicePlugin.kubeletDevicePluginPath=/var/lib/kubelet/../x"],
+     "devicePlugin.kubeletDevicePluginPath: \"/var/lib/kubelet/../x\" contains '..'"),
+    (["--set", f"{PLUGIN}.resources.limits.memory=256MB"], f"{PLUGIN}.resources.limits.memory: "
+     '"256MB" is not a Kubernetes quantity (such as 256Mi'),
+    (["--set-json", f'{PLUGIN}.extraEnv=[{{"name": "SYSFS_ROOT", "value": " "}}]'],
+     f"{PLUGIN}.extraEnv: SYSFS_ROOT is blank; give a path"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "words"), READABLE)
+def test_refusals_say_what_is_wrong_in_words(helm: Helm, args: list[str], words: str) -> None:
+    done = helm.attempt(*args)
+    assert refused_by_chart(done), done.stderr
+    assert words in done.stderr
+    assert "pattern" not in done.stderr and "^" not in done.stderr, done.stderr
+
+
+_ENDPOINT = st.tuples(
+    st.sampled_from(["", "http://", "https://", "grpc://", "grpcs://", "HTTP://", "ftp://"]),
+    st.sampled_from(["otel", "otel-collector.ns.svc", "-otel", "otel-", "o_t", "[::1]", "[zz]",
+                     "10.0.0.1", "", "o tel", "otel.", "a"]),
+    st.sampled_from(["", ":4317", ":0", ":1", ":65535", ":65536", ":04317", ":x", ":"]),
+    st.sampled_from(["", "/", "/v1/traces", "?q"]),
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(parts=_ENDPOINT)
+def test_otlp_endpoint_helm_and_daemon_agree(helm: Helm, parts: tuple[str, str, str, str]) -> None:
+    endpoint = "".join(parts)
+    if not endpoint:
+        return  # empty turns tracing off in both
+    daemon_ok = daemon_objection({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}) is None
+    done = helm.attempt(*_set_json("devicePlugin.otlpEndpoint", endpoint))
+    assert done.returncode == 0 or refused_by_chart(done), done.stderr
+    assert (done.returncode == 0) == daemon_ok, f"{endpoint!r}: helm {done.stderr}"
 
 
 def test_chart_sets_exactly_the_variables_the_cli_reads(rendered: dict[str, str]) -> None:

@@ -17,6 +17,7 @@ FIXED_NAMES = [inventory.RESOURCE_NPU, *inventory.VF_RESOURCES.values()]
 
 def operator_env(tmp: Path, generic: str | None) -> dict[str, str]:
     """Environment-only configuration, host paths moved into a scratch directory."""
+    (tmp / "kubelet").mkdir(exist_ok=True)  # the kubelet's to create; a node has it
     env = {
         "KUBELET_DEVICE_PLUGIN_PATH": str(tmp / "kubelet"),
         "CDI_ROOT": str(tmp / "cdi"),
@@ -61,3 +62,15 @@ def test_legacy_name_request_is_warned_about_once(short_tmp: Path, value: str) -
 def test_generic_names_or_no_setting_start_quietly(short_tmp: Path, value: str | None) -> None:
     records = start_records(short_tmp, value)
     assert not [r for r in records if "USE_GENERIC_RESOURCE_NAME" in str(r.get("msg"))]
+
+
+@pytest.mark.parametrize("value", ["maybe", "yes", ""])
+def test_a_value_that_is_not_a_boolean_is_named_once_and_changes_nothing(
+    short_tmp: Path, value: str
+) -> None:
+    records = start_records(short_tmp, value)
+    (warning,) = [r for r in records if "USE_GENERIC_RESOURCE_NAME" in str(r.get("msg"))]
+    assert warning["level"] == "warn"
+    assert warning["msg"] == "Invalid USE_GENERIC_RESOURCE_NAME, ignoring it"
+    assert warning["value"] == value
+    assert "is not a boolean" in warning["err"]

@@ -48,6 +48,8 @@ from .fault_helpers import (
 
 SRIOV_COUNTS = {NPU: 2, VF1: 1, VF4: 4}
 DISCOVERY_FAILED = "Device discovery failed; reporting zero devices until it recovers"
+KUBELET_DIR_MISSING = "Kubelet device-plugin directory does not exist; waiting for the kubelet"
+KUBELET_DIR_FOUND = "Kubelet device-plugin directory exists now; continuing"
 CALL_GUARD_S = 20.0  # far beyond any legitimate Allocate (5 s lock + 10 s group change)
 
 
@@ -332,21 +334,17 @@ async def test_kubelet_directory_renamed_away_and_back() -> None:
         away = kdir.with_name("kubelet.away")
         kdir.rename(away)
         await h.daemon.await_log("Device plugin socket was removed; restarting the plugin")
-        await h.daemon.await_log("Device plugin registration failed; retrying next scan")
-        # The daemon may have made a fresh directory for its socket meanwhile; the
-        # original, with the kubelet's socket, takes its place again.
-        for _ in range(50):
-            try:
-                away.rename(kdir)
-                break
-            except OSError:
-                shutil.rmtree(kdir, ignore_errors=True)
-        else:
-            pytest.fail("could not move the kubelet directory back")
+        (missing,) = await h.daemon.await_log(KUBELET_DIR_MISSING)
+        assert missing["level"] == "warn" and missing["path"] == str(kdir)
+        await next_reconcile(h.daemon)
+        assert not kdir.exists()  # waited for, never created
+        away.rename(kdir)
+        await h.daemon.await_log(KUBELET_DIR_FOUND, path=str(kdir))
         view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0, 10)
         assert view.count("Healthy") == 4
         await assert_settles(h, base, [NPU])
         assert h.entries() == expected_entries([NPU])
+        assert len(h.daemon.find(KUBELET_DIR_MISSING)) == 1
 
 
 async def test_kubelet_directory_deleted_then_kubelet_comes_back() -> None:
@@ -355,14 +353,17 @@ async def test_kubelet_directory_deleted_then_kubelet_comes_back() -> None:
         base = await take_baseline(h, [NPU])
         await h.kubelet.stop()
         shutil.rmtree(h.node.kubelet_dir)
-        await h.daemon.await_log("Device plugin registration failed; retrying next scan")
+        await h.daemon.await_log(KUBELET_DIR_MISSING)
+        await next_reconcile(h.daemon)
         await next_reconcile(h.daemon)
         assert h.daemon.proc.poll() is None
+        assert not h.node.kubelet_dir.exists()
         await h.kubelet.start()
         view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0, 10)
         assert view.count("Healthy") == 4
         await assert_settles(h, base, [NPU])
         assert h.entries() == expected_entries([NPU])
+        assert len(h.daemon.find(KUBELET_DIR_MISSING)) == 1
 
 
 # ---------------------------------------------------------------- f. stale socket files

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
+from rbln_device_plugin.host.paths import ensure_subdir
 
 
 def read_text(path: Path) -> str:
@@ -157,3 +158,14 @@ async def test_a_device_node_check_that_hangs_fails_the_wait_naming_why(
         assert "did not finish" in str(caught.value) or "still blocked" in str(caught.value)
     finally:
         release.set()
+
+
+def test_ensure_subdir_never_makes_its_parent(tmp_path: Path) -> None:
+    missing = tmp_path / "kubelet"
+    with pytest.raises(FileNotFoundError):
+        ensure_subdir(missing, "rbln-device-plugin")
+    assert not missing.exists()
+    missing.mkdir()
+    made = ensure_subdir(missing, "rbln-device-plugin")
+    assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o750
+    assert ensure_subdir(missing, "rbln-device-plugin") == made  # already there: fine

@@ -9,6 +9,8 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rbln_device_plugin.telemetry import logs
 
@@ -110,6 +112,105 @@ def test_text_format_is_logfmt() -> None:
     line = written(out).strip()
     assert line.startswith("ts=")
     assert "level=info" in line and 'msg="Device exposed"' in line and "device=rbln0" in line
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    """go-logfmt's reading of one line: bare values end at a space, quoted ones unescape.
+
+    A bare value containing '=' or '"' is an error there, and is one here.
+    """
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(line):
+        if line[i] == " ":
+            i += 1
+            continue
+        key_end = line.index("=", i)
+        key = line[i:key_end]
+        assert key and all(ch > " " and ch not in '"=' for ch in key), key
+        i = key_end + 1
+        if line[i : i + 1] == '"':
+            j = i + 1
+            while line[j] != '"':
+                j += 2 if line[j] == "\\" else 1
+            out[key] = json.loads(line[i : j + 1])  # JSON's escapes mean what Go's do
+            i = j + 1
+        else:
+            j = line.find(" ", i)
+            j = len(line) if j < 0 else j
+            value = line[i:j]
+            assert '"' not in value and "=" not in value, f"bare value {value!r} in {line!r}"
+            out[key] = value
+            i = j
+    return out
+
+
+def test_text_format_prints_nested_values_as_json_and_none_as_empty() -> None:
+    out, _ = install({logs.FORMAT_ENV: "text"})
+    logs.get_logger().info(
+        "Starting rbln-device-plugin",
+        config={"cdiRoot": "/var/run/cdi", "healthcheckPort": -1, "rblnSmi": None},
+        services=("", "liveness"), ok=True, signal=None,
+    )  # fmt: skip
+    line = written(out).strip()
+    assert "'" not in line, line  # no Python repr anywhere
+    fields = parse_logfmt(line)
+    assert json.loads(fields["config"]) == {
+        "cdiRoot": "/var/run/cdi", "healthcheckPort": -1, "rblnSmi": None,
+    }  # fmt: skip
+    assert json.loads(fields["services"]) == ["", "liveness"]
+    assert fields["ok"] == "true" and fields["signal"] == ""
+    assert fields["msg"] == "Starting rbln-device-plugin"
+
+
+_SCALAR = st.one_of(
+    st.text(st.characters(exclude_categories=("Cs",)), max_size=30),
+    st.integers(),
+    st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.dictionaries(
+        st.from_regex(r"[a-zA-Z][a-zA-Z0-9]{0,8}", fullmatch=True).filter(
+            lambda k: k not in ("ts", "level", "msg", "event")
+        ),
+        st.one_of(
+            _SCALAR,
+            st.lists(_SCALAR, max_size=3),
+            st.dictionaries(st.text(max_size=5), _SCALAR, max_size=3),
+        ),
+        max_size=4,
+    ),
+    message=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40),
+)
+def test_every_text_record_reads_back_exactly_with_a_logfmt_reader(
+    values: dict[str, Any], message: str
+) -> None:
+    out, _ = install({logs.FORMAT_ENV: "text"})
+    logs.get_logger().warning(message, **values)
+    lines = written(out).removesuffix("\n").split("\n")
+    assert len(lines) == 1, lines  # a newline in a value never splits the record
+    assert lines[0].isprintable(), lines  # nor any other character a terminal acts on
+    fields = parse_logfmt(lines[0])
+    assert fields["msg"] == message
+    for key, value in values.items():
+        if isinstance(value, bool):
+            assert fields[key] == ("true" if value else "false")
+        elif isinstance(value, list | dict):
+            assert json.loads(fields[key]) == value
+        else:
+            assert fields[key] == str(value)
+
+
+def test_grpc_loop_notices_are_dropped_and_other_debug_records_kept() -> None:
+    out, _ = install({logs.LEVEL_ENV: "debug"})
+    cygrpc = logging.getLogger("grpc._cython.cygrpc")
+    cygrpc.debug("[_cygrpc] Loaded running loop: id(loop)=%s", 140264098924688)
+    cygrpc.debug("Using AsyncIOEngine.POLLER as I/O engine")
+    (record,) = records(out)
+    assert record["msg"] == "Using AsyncIOEngine.POLLER as I/O engine"
 
 
 def test_grpc_records_are_bridged_with_component_and_info_demoted() -> None:

@@ -89,6 +89,7 @@ def _fake_smi(directory: Path, document: str) -> Path:
 
 
 def _args(tmp: Path, smi: Path) -> list[str]:
+    (tmp / "kubelet").mkdir(exist_ok=True)  # the kubelet's to create; a node has it
     return [
         "--kubelet-device-plugin-path", str(tmp / "kubelet"),
         "--cdi-root", str(tmp / "cdi"),

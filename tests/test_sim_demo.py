@@ -8,6 +8,7 @@ that never registers (SKIPPED), and one that crashes (FAILED, non-zero exit).
 from __future__ import annotations
 
 import io
+import shutil
 import sys
 from pathlib import Path
 
@@ -116,6 +117,8 @@ def _config(tmp_path: Path, out: io.StringIO, script: str, **changes: object) ->
         "out": out,
         "register_timeout": 10.0,
         "health_timeout": 5.0,
+        # The stand-in daemons write none of the real daemon's records: do not wait long.
+        "records_timeout": 0.2,
     }
     values.update(changes)
     return DemoConfig(**values)  # type: ignore[arg-type]
@@ -184,7 +187,7 @@ def test_a_crashing_daemon_fails_the_demo_naming_the_step(tmp_path: Path) -> Non
     assert run_demo(_config(tmp_path, out, crash)) == 1
     text = out.getvalue()
     assert "FAILED   the daemon exited with code 3 before registering" in text
-    assert "error Boom  err=no devices" in text
+    assert 'error Boom  err="no devices"' in text
     assert "Demo FAILED at: Register with the kubelet" in text
 
 
@@ -194,3 +197,57 @@ def test_a_missing_daemon_skips_everything(tmp_path: Path) -> None:
     assert run_demo(config) == 0
     assert "the daemon is not built yet" in out.getvalue()
     assert out.getvalue().count("SKIPPED") == 7
+
+
+def _steps(text: str) -> dict[str, str]:
+    """Step title -> the lines printed under it."""
+    out: dict[str, str] = {}
+    for chunk in text.split("\n[")[1:]:
+        head, _, body = chunk.partition("\n")
+        out[head.split("] ", 1)[1]] = body
+    return out
+
+
+def test_the_real_daemon_narrates_each_step_with_its_own_records() -> None:
+    out = io.StringIO()
+    assert run_demo(DemoConfig(daemon_available=True, out=out, keep=True)) == 0, out.getvalue()
+    text = out.getvalue()
+    kept = Path(text.split("Kept under ")[1].split(":")[0])
+    try:
+        node = SimNode.open(kept / "node")
+        log = (kept / "node" / "daemon.log").read_text().splitlines()
+        steps = _steps(text)
+        start = steps["Start the daemon"]
+        # The whole command line, every flag, in a form that pastes into a shell.
+        shown = start.split("started as:\n")[1].split("\n    its log")[0]
+        words = " ".join(shown.replace("\\\n", " ").split())
+        assert words.endswith(" ".join(node.daemon_args()))
+        assert "daemon  info  Starting rbln-device-plugin" in start
+        assert "Registered device plugin" not in start  # each record under its own step
+        register = steps["Register with the kubelet"]
+        assert "info  Registered device plugin with kubelet  deviceCount=32" in register
+        assert "... and 31 more 'Device exposed'" in register
+        allocate = steps["A pod asks for 4 NPUs"]
+        assert "info  Completed container allocation" in allocate
+        assert "(/dev/rsd0 is how the container sees rsd1, the RSD group just made" in allocate
+        assert "(group 0 is the default group every NPU is in until allocated)" in allocate
+        assert "warn  Device state changed  device=rbln9" in steps["A device faults"]
+        restart = steps["The kubelet restarts"]
+        assert "info  Detected kubelet socket recreation" in restart
+        assert "info  Shutdown complete" in steps["Stop the daemon"]
+        # --keep: the node and the daemon's log stay, and the output says where.
+        assert len(log) >= 70 and all(line.startswith("{") for line in log)
+        assert f"  rm -r {kept}" in text
+        assert "daemon.log" in text.split("Kept under ")[1]
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+    assert "Node removed" not in text
+
+
+def test_without_keep_the_node_goes_and_the_output_says_how_to_keep_it(tmp_path: Path) -> None:
+    out = io.StringIO()
+    assert run_demo(_config(tmp_path, out, FAKE_DAEMON)) == 0
+    text = out.getvalue()
+    assert "demo --keep keeps it and the log)" in text
+    root = text.split("under ")[1].split()[0]
+    assert not Path(root).exists()

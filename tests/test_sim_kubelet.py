@@ -119,6 +119,7 @@ async def register(
     version: str = "v1beta1",
     endpoint: str = ENDPOINT,
     resource: str = RESOURCE,
+    preferred: bool = True,
 ) -> None:
     async with aio.insecure_channel(f"unix:{directory / 'kubelet.sock'}") as channel:
         await api_pb2_grpc.RegistrationStub(channel).Register(
@@ -126,7 +127,7 @@ async def register(
                 version=version,
                 endpoint=endpoint,
                 resource_name=resource,
-                options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+                options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=preferred),
             ),
             timeout=5,
         )
@@ -137,6 +138,9 @@ async def register(
     [
         ({"version": "v1alpha"}, "unsupported API version"),
         ({"resource": "npu"}, "invalid resource name"),
+        ({"resource": "kubernetes.io/npu"}, "invalid resource name"),
+        ({"resource": "Rebellions.ai/npu"}, "invalid resource name"),
+        ({"resource": "rebellions.ai/npu/vf4"}, "invalid resource name"),
         ({"endpoint": "../elsewhere.sock"}, "invalid endpoint"),
         ({"endpoint": ""}, "invalid endpoint"),
         ({"endpoint": "nobody-listens.sock"}, "GetDevicePluginOptions"),
@@ -167,6 +171,14 @@ async def test_good_registration_asks_options_first_then_watches(
     assert (view.messages, view.endpoint, view.ended) == (2, ENDPOINT, None)
 
 
+async def test_options_come_from_the_plugin_not_the_request(
+    kubelet: KubeletStub, plugin: FakePlugin, directory: Path
+) -> None:
+    # The kubelet ignores RegisterRequest.options; GetDevicePluginOptions decides.
+    await register(directory, preferred=False)
+    assert kubelet.registrations[0].preferred_allocation
+
+
 async def test_preferred_and_allocate_reach_the_plugin(
     kubelet: KubeletStub, plugin: FakePlugin, directory: Path
 ) -> None:
@@ -185,21 +197,46 @@ async def test_preferred_and_allocate_reach_the_plugin(
         await kubelet.preferred("rebellions.ai/npu-vf4", [], [], 1)
 
 
-async def test_reregistration_replaces_the_stream_and_end_is_reported(
+async def test_reregistration_while_the_stream_is_open_is_refused(
     kubelet: KubeletStub, plugin: FakePlugin, directory: Path
 ) -> None:
+    # As ManagerImpl.PluginConnected (1.37): one client per resource and socket.
     await register(directory)
     await kubelet.wait_for(RESOURCE, lambda v: True, timeout=5)
     await _until(lambda: plugin.open_streams == 1)
-    await register(directory)
-    await _until(lambda: plugin.cancelled_streams == 1 and plugin.open_streams == 1)
-    plugin.lists.put_nowait(devices("Healthy"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await register(directory)
+    assert "device plugin already connected" in (info.value.details() or "")
+    assert [r.accepted for r in kubelet.registrations] == [True, False]
+    plugin.lists.put_nowait(devices("Healthy"))  # the first stream still serves
     view = await kubelet.wait_for(RESOURCE, lambda v: v.messages == 1, timeout=5)
-    assert view.generation == 2
+    assert (view.generation, plugin.cancelled_streams) == (1, 0)
     plugin.lists.put_nowait(None)  # the plugin ends its stream
     view = await kubelet.wait_for(RESOURCE, lambda v: v.ended is not None, timeout=5)
     assert kubelet.stream_ended(RESOURCE) == "stream closed by the plugin"
     assert view.ids == ["rbln0"]  # the last list stays visible
+    await register(directory)  # once it ended, registering again is accepted
+    view = await kubelet.wait_for(RESOURCE, lambda v: v.generation == 2, timeout=5)
+    assert view.ended is None
+
+
+async def test_reregistration_from_another_endpoint_replaces_the_stream(
+    kubelet: KubeletStub, plugin: FakePlugin, directory: Path
+) -> None:
+    await register(directory)
+    await _until(lambda: plugin.open_streams == 1)
+    server = aio.server()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(plugin, server)
+    server.add_insecure_port(f"unix:{directory / 'other.sock'}")
+    await server.start()
+    try:
+        await register(directory, endpoint="other.sock")
+        await _until(lambda: plugin.cancelled_streams == 1 and plugin.open_streams == 1)
+        view = await kubelet.wait_for(RESOURCE, lambda v: v.generation == 2, timeout=5)
+        assert view.endpoint == "other.sock"
+    finally:
+        plugin.lists.put_nowait(None)
+        await server.stop(0)
 
 
 async def test_drop_stream_ends_the_plugins_stream(

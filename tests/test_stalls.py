@@ -28,12 +28,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
 from rbln_device_plugin.runtime.instancelock import LEGACY_LOCK_NAME, LOCK_DIR, LOCK_NAME
+from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
 from .fault_helpers import (
     NPU,
-    RECONCILED,
     groups_are_consistent,
     launch,
     next_reconcile,
@@ -412,7 +412,8 @@ async def test_sockets_and_created_directories_ignore_a_permissive_umask() -> No
         assert stat.S_IMODE((h.node.kubelet_dir / LEGACY_LOCK_NAME).stat().st_mode) == 0o644
 
 
-async def test_a_kubelet_directory_the_daemon_creates_is_0750(short_tmp: Path) -> None:
+async def test_a_missing_kubelet_directory_is_left_to_the_kubelet(short_tmp: Path) -> None:
+    # Before, the daemon created it (0750); the kubelet makes it, so the daemon waits.
     async with launch("rebel-4", umask=0) as h:
         h.daemon.kill()
         kubelet_dir = short_tmp / "k" / "dp"
@@ -420,8 +421,15 @@ async def test_a_kubelet_directory_the_daemon_creates_is_0750(short_tmp: Path) -
             [*h.node.daemon_args("300ms"), "--kubelet-device-plugin-path", str(kubelet_dir)],
             umask=0,
         )
-        await h.daemon.await_log(RECONCILED)
-        await wait_until(lambda: (kubelet_dir / socket_name(NPU)).exists(), 10, "the socket")
-        for created in (kubelet_dir.parent, kubelet_dir):
-            assert stat.S_IMODE(created.stat().st_mode) == 0o750, created
-        assert stat.S_IMODE((kubelet_dir / socket_name(NPU)).stat().st_mode) == 0o600
+        await h.daemon.await_log(
+            "Kubelet device-plugin directory does not exist; waiting for the kubelet"
+        )
+        assert not kubelet_dir.parent.exists()
+        stand_in = KubeletStub(kubelet_dir)
+        await stand_in.start()
+        try:
+            await stand_in.wait_for(NPU, lambda v: len(v.devices) == 4)
+            assert stat.S_IMODE((kubelet_dir / socket_name(NPU)).stat().st_mode) == 0o600
+        finally:
+            h.daemon.kill()
+            await stand_in.stop()

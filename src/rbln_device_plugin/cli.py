@@ -52,6 +52,14 @@ def _main(args: Sequence[str]) -> int:
             setting="--test-file-device-nodes / RBLN_TEST_FILE_DEVICE_NODES",
             hint="for the simulated node only; unset it on a real node",
         )
+    ignored_problem = config.ignored_env_problem(os.environ)
+    if ignored_problem is not None:
+        log.warning(
+            f"Invalid {config.IGNORED_ENV}, ignoring it",
+            variable=config.IGNORED_ENV,
+            value=os.environ.get(config.IGNORED_ENV),
+            err=ignored_problem,
+        )
     legacy_names = config.legacy_names_requested(os.environ)
     if legacy_names is not None:
         log.warning(

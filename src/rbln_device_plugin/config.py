@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
@@ -26,8 +26,19 @@ def legacy_names_requested(environ: Mapping[str, str]) -> str | None:
     return raw if raw is not None and raw.strip() in _GO_FALSE else None
 
 
+def ignored_env_problem(environ: Mapping[str, str]) -> str | None:
+    """Why IGNORED_ENV's value is not a boolean (the chart refuses it), or None.
+
+    The variable changes nothing, so a bad value is worth a warning, not a refusal.
+    """
+    raw = environ.get(IGNORED_ENV)
+    if raw is None or raw.strip() in _GO_FALSE | _GO_TRUE:
+        return None
+    return f"{IGNORED_ENV} (environment): {raw!r} is not a boolean (true or false); ignored"
+
+
 class ConfigError(ValueError):
-    """A setting that cannot be used. The message names the flag and its variable."""
+    """A setting that cannot be used. The message names the flag or variable that gave it."""
 
 
 _DURATION_UNITS: Final[Mapping[str, float]] = {
@@ -122,6 +133,7 @@ class Option:
 
 DEFAULT_SCAN_INTERVAL_S: Final = 5.0
 MAX_SCAN_INTERVAL_S: Final = 24 * 3600.0
+DEFAULT_METRICS_EXPORT_INTERVAL_S: Final = 60.0
 # Every step of a scan has its own bound (rbln-smi 5 s, each host read 1 s, and a file
 # that blocked once fails at once afterwards), so even a node whose every status file
 # hangs at the same moment finishes a scan of 100 devices well within this.
@@ -142,6 +154,16 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
            "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
            "empty disables tracing", "ENDPOINT"),
+    Option("metrics_port", "--metrics-port", "METRICS_PORT", "-1",
+           "TCP port of the Prometheus metrics endpoint (GET /metrics); negative disables it, "
+           "0 picks a free port", "PORT", shown_default="-1 (off)"),
+    Option("metrics_otlp", "--metrics-otlp", "METRICS_OTLP", "false",
+           "push metrics over OTLP to --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT, apart "
+           "from tracing", "BOOL"),
+    Option("metrics_export_interval", "--metrics-export-interval", "METRICS_EXPORT_INTERVAL",
+           format_duration(DEFAULT_METRICS_EXPORT_INTERVAL_S),
+           "time between OTLP metric pushes, a Go duration; positive and at most "
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
     Option("node_name", "--node-name", "NODE_NAME", "",
            "Kubernetes node name, recorded on traces as k8s.node.name", "NAME"),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
@@ -175,6 +197,9 @@ class Config:
     healthcheck_port: int
     scan_interval: float
     otlp_endpoint: str
+    metrics_port: int
+    metrics_otlp: bool
+    metrics_export_interval: float
     node_name: str
     sysfs_root: Path
     dev_root: Path
@@ -184,17 +209,34 @@ class Config:
     # character devices). Off in production, and the chart never sets it.
     test_file_device_nodes: bool = False
     scan_stall_limit: float = DEFAULT_SCAN_STALL_LIMIT_S
+    # Where each setting came from ("flag", "env" or "default"), so that a later message
+    # about a value can name what supplied it. Not part of the configuration itself.
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def healthcheck_enabled(self) -> bool:
         return self.healthcheck_port >= 0
 
+    @property
+    def metrics_endpoint_enabled(self) -> bool:
+        return self.metrics_port >= 0
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.metrics_endpoint_enabled or self.metrics_otlp
+
+    def origin(self, name: str) -> str:
+        """What supplied setting ``name``: its flag, its variable, or the default."""
+        return _origin(_option(name), self.sources.get(name, "default"))
+
     def describe(self) -> dict[str, Any]:
         """The resolved configuration as log fields."""
         out: dict[str, Any] = {}
         for item in fields(self):
+            if item.name == "sources":
+                continue
             value = getattr(self, item.name)
-            if item.name in ("scan_interval", "scan_stall_limit"):
+            if item.name in ("scan_interval", "metrics_export_interval", "scan_stall_limit"):
                 value = format_duration(value)
             elif isinstance(value, Path):
                 value = str(value)
@@ -209,25 +251,44 @@ def _camel(name: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
-def _label(option: Option) -> str:
-    return f"{option.flag} / {option.env}"
+def _option(field: str) -> Option:
+    return next(o for o in OPTIONS if o.field == field)
+
+
+def _origin(option: Option, source: str) -> str:
+    """The setting as its source spells it, so the reader knows which one to fix."""
+    if source == "flag":
+        return f"{option.flag} (command line)"
+    if source == "env":
+        return f"{option.env} (environment; the flag is {option.flag})"
+    return f"{option.flag} (default)"
 
 
 def _path(option: Option, raw: str) -> Path:
     if not raw.strip():
-        raise ConfigError(f"{_label(option)}: a path is required")
+        raise ConfigError("a path is required")
     if "\x00" in raw:
-        raise ConfigError(f"{_label(option)}: path contains a NUL byte")
+        raise ConfigError("path contains a NUL byte")
     return Path(raw)
+
+
+def _host_dir(option: Option, raw: str) -> Path:
+    """A directory the chart mounts from the host: absolute, no ".." (as its schema says)."""
+    path = _path(option, raw)
+    if not raw.startswith("/"):
+        raise ConfigError(f"{raw!r} is not an absolute path")
+    if ".." in raw.split("/"):
+        raise ConfigError(f"{raw!r} contains '..'; give the directory itself")
+    return path
 
 
 def _port(option: Option, raw: str) -> int:
     try:
         port = int(raw.strip(), 10)
     except ValueError:
-        raise ConfigError(f"{_label(option)}: {raw!r} is not an integer port") from None
+        raise ConfigError(f"{raw!r} is not an integer port") from None
     if port > 65535:
-        raise ConfigError(f"{_label(option)}: port {port} is out of range (0-65535, <0 disables)")
+        raise ConfigError(f"port {port} is out of range (0-65535, <0 disables)")
     return port
 
 
@@ -235,14 +296,11 @@ def _interval(option: Option, raw: str) -> float:
     try:
         seconds = parse_duration(raw)
     except ValueError as exc:
-        raise ConfigError(f"{_label(option)}: {exc}") from None
+        raise ConfigError(str(exc)) from None
     if seconds <= 0:
-        raise ConfigError(f"{_label(option)}: interval must be positive, got {raw!r}")
+        raise ConfigError(f"interval must be positive, got {raw!r}")
     if seconds > MAX_SCAN_INTERVAL_S:
-        raise ConfigError(
-            f"{_label(option)}: interval {raw!r} is longer than "
-            f"{format_duration(MAX_SCAN_INTERVAL_S)}"
-        )
+        raise ConfigError(f"interval {raw!r} is longer than {format_duration(MAX_SCAN_INTERVAL_S)}")
     return seconds
 
 
@@ -250,11 +308,10 @@ def _limit(option: Option, raw: str) -> float:
     try:
         seconds = parse_duration(raw)
     except ValueError as exc:
-        raise ConfigError(f"{_label(option)}: {exc}") from None
+        raise ConfigError(str(exc)) from None
     if not 0 < seconds <= MAX_SCAN_INTERVAL_S:
         raise ConfigError(
-            f"{_label(option)}: {raw!r} must be positive and at most "
-            f"{format_duration(MAX_SCAN_INTERVAL_S)}"
+            f"{raw!r} must be positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}"
         )
     return seconds
 
@@ -269,7 +326,7 @@ def _bool(option: Option, raw: str) -> bool:
         return True
     if text in _GO_FALSE:
         return False
-    raise ConfigError(f"{_label(option)}: {raw!r} is not a boolean (true or false)")
+    raise ConfigError(f"{raw!r} is not a boolean (true or false)")
 
 
 def _optional_path(option: Option, raw: str) -> Path | None:
@@ -277,11 +334,14 @@ def _optional_path(option: Option, raw: str) -> Path | None:
 
 
 _CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
-    "cdi_root": _path,
-    "kubelet_dir": _path,
+    "cdi_root": _host_dir,
+    "kubelet_dir": _host_dir,
     "healthcheck_port": _port,
     "scan_interval": _interval,
     "otlp_endpoint": _text,
+    "metrics_port": _port,
+    "metrics_otlp": _bool,
+    "metrics_export_interval": _interval,
     "node_name": _text,
     "sysfs_root": _path,
     "dev_root": _path,
@@ -295,19 +355,29 @@ _CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
 def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     """Build the Config from parsed flag values (None = not given) and the environment."""
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for option in OPTIONS:
-        raw = flags.get(option.field)
+        raw, source = flags.get(option.field), "flag"
         if raw is None:
-            raw = environ.get(option.env)
+            raw, source = environ.get(option.env), "env"
         if raw is None:
-            raw = option.default
-        values[option.field] = _CONVERTERS[option.field](option, raw)
-    config = Config(**values)
+            raw, source = option.default, "default"
+        sources[option.field] = source
+        try:
+            values[option.field] = _CONVERTERS[option.field](option, raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{_origin(option, source)}: {exc}") from None
+    config = Config(**values, sources=sources)
+    if config.metrics_otlp and not config.otlp_endpoint:
+        endpoint = _option("otlp_endpoint")
+        raise ConfigError(
+            f"{config.origin('metrics_otlp')}: OTLP metrics need a collector; set "
+            f"{endpoint.flag} or {endpoint.env}"
+        )
     socket_path = config.kubelet_dir / _LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
-        option = next(o for o in OPTIONS if o.field == "kubelet_dir")
         raise ConfigError(
-            f"{_label(option)}: {config.kubelet_dir} is too long for unix sockets "
-            f"(socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
+            f"{config.origin('kubelet_dir')}: {config.kubelet_dir} is too long for unix "
+            f"sockets (socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
         )
     return config

@@ -64,9 +64,13 @@ def fill(text: str) -> str:
 
 
 def build_parser(
-    prog: str, description: str, epilog: str, options: Sequence[config.Option] = config.OPTIONS
+    prog: str, description: str, epilog: str, shown: Sequence[config.Option] = config.OPTIONS
 ) -> argparse.ArgumentParser:
-    """A parser with ``--version`` and ``options`` (each with its variable and default)."""
+    """A parser with ``--version`` and every option; ``--help`` lists only ``shown``.
+
+    Every command takes every option (and its variable), so one command line works for
+    all of them; help lists those that change what the command does.
+    """
     parser = _StderrParser(
         prog=prog,
         description=description,
@@ -75,13 +79,15 @@ def build_parser(
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
-    for option in options:
+    for option in config.OPTIONS:
         parser.add_argument(
             option.flag,
             dest=option.field,
             metavar=option.metavar,
             default=None,
-            help=f"{option.help} [env {option.env}; default {option.help_default}]",
+            help=f"{option.help} [env {option.env}; default {option.help_default}]"
+            if option in shown
+            else argparse.SUPPRESS,
         )
     return parser
 

@@ -1,45 +1,52 @@
-"""``rbln-device-plugin-sim``: build, serve, change and demo a simulated node."""
+"""``rbln-device-plugin-sim``: build, serve, change and demo a simulated node.
+
+Every command says what it did. Commands that change the node act on the files under
+``--root``; ``preferred``, ``allocate`` and ``restart-kubelet`` ask the ``serve`` running
+on that root to act as the kubelet (see ``control``).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
-import shlex
-import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from rbln_device_plugin_sim.layout import PRESETS, Layout, LayoutError, SimDevice, preset
-from rbln_device_plugin_sim.node import LAYOUT_FILE, SimError, SimNode, materialize
-from rbln_device_plugin_sim.state import COMMANDS, FAULT_MODES, Fault, StateError
+from rbln_device_plugin_sim import kubeletcmds, nodecmds
+from rbln_device_plugin_sim.layout import PRESETS, LayoutError
+from rbln_device_plugin_sim.shell import SIM_PROG
+from rbln_device_plugin_sim.state import COMMANDS, FAULT_MODES, StateError
+from rbln_device_plugin_sim.tree import SimError
 
-if TYPE_CHECKING:  # grpc loads only for the commands that serve
-    from rbln_device_plugin_sim.kubelet import KubeletStub
-
-PROG = "rbln-device-plugin-sim"
+NPU = "rebellions.ai/npu"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Simulated Rebellions NPU node.")
+    parser = argparse.ArgumentParser(prog=SIM_PROG, description="Simulated Rebellions NPU node.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("presets", help="list the node presets")
-    sub.add_parser("demo", help="run the daemon against a simulated node and narrate")
+    p = sub.add_parser("demo", help="run the daemon against a simulated node and narrate")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the node and the daemon's log afterwards"
+    )
 
     for name, text in (
         ("materialize", "build a node under --root and exit"),
-        ("serve", "build (or reopen) a node, serve a kubelet stub until interrupted"),
+        ("serve", "build (or reopen) a node and run a kubelet stand-in until interrupted"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--root", required=True, type=Path, help="directory for the node")
         source = p.add_mutually_exclusive_group()
-        source.add_argument("--preset", default="atom-max-8", choices=sorted(PRESETS))
+        source.add_argument(
+            "--preset", choices=sorted(PRESETS), help="node shape [atom-max-8 for a new node]"
+        )
         source.add_argument("--layout", type=Path, help="a layout JSON file instead of a preset")
+        p.add_argument(
+            "--force",
+            action="store_true",
+            help="replace a node already under --root (its files are deleted)",
+        )
 
     def with_root(name: str, text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
@@ -61,7 +68,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("pf")
     p.add_argument("count", type=int)
     p.add_argument("--unlisted", action="store_true", help="rbln-smi does not list the VFs")
-
     p = with_root("renumber", "reload the driver with the PFs probed in another order")
     p.add_argument("names", nargs="+", metavar="OLD=NEW", help="e.g. rbln0=rbln1 rbln1=rbln0")
 
@@ -74,176 +80,76 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--times", type=int, help="only the next N matching invocations")
 
     with_root("groups", "show RSD groups as rbln-smi reports them")
+
+    # Through the kubelet stand-in of the `serve` running on --root.
+    p = with_root("preferred", "ask the plugin for a preferred allocation (needs serve)")
+    p.add_argument("--size", type=int, required=True, help="how many devices")
+    p.add_argument("--resource", help=f"resource name [the one listing the IDs, else {NPU}]")
+    p.add_argument("--available", help="comma-separated IDs [the resource's Healthy devices]")
+    p.add_argument("--must-include", help="comma-separated IDs the answer must hold")
+
+    p = with_root("allocate", "send Allocate for one pod's container(s) (needs serve)")
+    p.add_argument(
+        "containers",
+        nargs="*",
+        metavar="IDS",
+        help="comma-separated device IDs, one argument per container",
+    )
+    p.add_argument(
+        "--size", type=int, help="pick SIZE devices with GetPreferredAllocation first, as the "
+        "kubelet does, instead of naming them",
+    )  # fmt: skip
+    p.add_argument("--resource", help=f"resource name [the one listing the IDs, else {NPU}]")
+
+    p = with_root("restart-kubelet", "restart the kubelet stand-in of serve (needs serve)")
+    p.add_argument(
+        "--wait", type=float, default=10.0, help="seconds to wait for re-registration [10]"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors and --help: argparse already printed
         return exc.code if isinstance(exc.code, int) else 2
+    if args.command == "allocate" and bool(args.containers) == (args.size is not None):
+        parser.print_usage(sys.stderr)
+        print(f"{SIM_PROG}: error: allocate takes device IDs or --size, not both", file=sys.stderr)
+        return 2
     try:
         return _COMMANDS[args.command](args)
     except (SimError, LayoutError, StateError, OSError, ValueError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{SIM_PROG}: error: {exc}", file=sys.stderr)
         return 1
 
 
-def _presets(_: argparse.Namespace) -> int:
-    for name in PRESETS:
-        layout = preset(name)
-        print(f"{name:<16} {len(layout.devices):>3} devices  {layout.description}")
-    return 0
+def _demo(args: argparse.Namespace) -> int:
+    from rbln_device_plugin_sim.demo import DemoConfig, run_demo
 
-
-def _layout(args: argparse.Namespace) -> Layout:
-    return Layout.load(args.layout) if args.layout else preset(args.preset)
-
-
-def _materialize(args: argparse.Namespace) -> int:
-    node = materialize(_layout(args), args.root)
-    print(f"built {node.layout.name} ({len(node.layout.devices)} devices) under {node.root}")
-    return 0
-
-
-def _set_status(args: argparse.Namespace) -> int:
-    node = SimNode.open(args.root)
-    value: int | str | None
-    if args.delete:
-        value = None
-    elif args.raw is not None:
-        value = args.raw
-    else:
-        value = int(args.code) if args.code.lstrip("-").isdigit() else args.code
-    node.set_status(args.device, value)
-    return 0
-
-
-def _add_device(args: argparse.Namespace) -> int:
-    node = SimNode.open(args.root)
-    data = json.loads(args.device_json)
-    # One device through the layout parser: same validation as a layout file.
-    dev: SimDevice = Layout.from_dict({"devices": [data]}).devices[0]
-    node.add_device(dev)
-    return 0
-
-
-def _remove_device(args: argparse.Namespace) -> int:
-    print("removed", " ".join(SimNode.open(args.root).remove_device(args.device)))
-    return 0
-
-
-def _repartition(args: argparse.Namespace) -> int:
-    node = SimNode.open(args.root)
-    vfs = node.repartition(args.pf, args.count, listed=not args.unlisted)
-    print(f"{args.pf}: {args.count} VF(s) {' '.join(vfs)}".rstrip())
-    return 0
-
-
-def _renumber(args: argparse.Namespace) -> int:
-    names: dict[str, str] = {}
-    for pair in args.names:
-        old, sep, new = pair.partition("=")
-        if not sep or not old or not new:
-            raise SimError(f"{pair!r}: expected OLD=NEW, e.g. rbln0=rbln1")
-        names[old] = new
-    renamed = SimNode.open(args.root).renumber(names)
-    print(" ".join(f"{old}->{new}" for old, new in renamed.items()))
-    return 0
-
-
-def _fault(args: argparse.Namespace) -> int:
-    node = SimNode.open(args.root)
-    if args.mode == "clear":
-        node.clear_faults()
-        return 0
-    node.inject_fault(
-        Fault(
-            args.mode,
-            tuple(args.only),
-            delay=args.delay,
-            exit_code=args.exit_code,
-            message=args.message,
-            remaining=args.times,
-        )
-    )
-    return 0
-
-
-def _groups(args: argparse.Namespace) -> int:
-    for gid, names in sorted(SimNode.open(args.root).groups().items(), key=lambda i: int(i[0])):
-        print(f"{gid}: {' '.join(names)}")
-    return 0
+    return run_demo(DemoConfig(keep=args.keep))
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rbln_device_plugin_sim.kubelet import KubeletStub
+    from rbln_device_plugin_sim.servecmd import serve  # grpc loads only to serve
 
-    root = Path(args.root).absolute()
-    existing = (root / LAYOUT_FILE).exists()
-    node = SimNode.open(root) if existing else materialize(_layout(args), root)
-    command = [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args()]
-    print(f"node {node.layout.name}: {len(node.layout.devices)} devices under {node.root}")
-    print("run the daemon against it with:")
-    print("  " + shlex.join(command))
-    print("change it from another shell, e.g.:")
-    print(f"  {PROG} set-status --root {shlex.quote(str(node.root))} rbln0 4")
-    print("kubelet stub events follow; Ctrl-C to stop.", flush=True)
-
-    def event(text: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')}  {text}", flush=True)
-
-    async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with KubeletStub(node.kubelet_dir, on_event=event) as stub:
-            watcher = asyncio.create_task(_report_lists(stub, event))
-            await stop.wait()
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-
-    asyncio.run(serve())
-    print(f"stopped; the node stays under {node.root}")
-    return 0
-
-
-async def _report_lists(stub: KubeletStub, event: Callable[[str], None]) -> None:
-    """Print each resource's healthy/unhealthy counts whenever a new list arrives."""
-    seen: dict[str, tuple[int, int]] = {}
-    while True:
-        await asyncio.sleep(0.2)
-        for resource in stub.resources():
-            view = stub.view(resource)
-            if view is None or view.messages == 0:
-                continue
-            key = (view.generation, view.messages)
-            if seen.get(resource) != key:
-                seen[resource] = key
-                event(
-                    f"{resource}: {len(view.devices)} devices, "
-                    f"{view.count('Healthy')} Healthy, {view.count('Unhealthy')} Unhealthy"
-                )
-
-
-def _demo(_: argparse.Namespace) -> int:
-    from rbln_device_plugin_sim.demo import run_demo
-
-    return run_demo()
+    return serve(args)
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "presets": _presets,
+    "presets": nodecmds.presets,
     "demo": _demo,
-    "materialize": _materialize,
+    "materialize": nodecmds.materialize_cmd,
     "serve": _serve,
-    "set-status": _set_status,
-    "add-device": _add_device,
-    "remove-device": _remove_device,
-    "repartition": _repartition,
-    "renumber": _renumber,
-    "fault": _fault,
-    "groups": _groups,
+    "set-status": nodecmds.set_status,
+    "add-device": nodecmds.add_device,
+    "remove-device": nodecmds.remove_device,
+    "repartition": nodecmds.repartition,
+    "renumber": nodecmds.renumber,
+    "fault": nodecmds.fault,
+    "groups": nodecmds.groups,
+    "preferred": kubeletcmds.preferred,
+    "allocate": kubeletcmds.allocate,
+    "restart-kubelet": kubeletcmds.restart_kubelet,
 }

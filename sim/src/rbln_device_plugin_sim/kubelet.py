@@ -1,10 +1,15 @@
 """A kubelet stand-in speaking the real v1beta1 device-plugin API over unix sockets.
 
-It behaves like the kubelet where a plugin can tell the difference: it validates
-``Register``, dials the plugin back and asks for its options before answering, opens one
-``ListAndWatch`` per resource and never reopens it, replaces a resource's stream when it
-registers again, and on every ``start()`` (``restart()`` included) cleans its directory
-as the kubelet's device manager does before it listens on a new ``kubelet.sock``.
+It behaves like the kubelet where a plugin can tell the difference (checked against the
+kubelet's device manager, pkg/kubelet/cm/devicemanager, and against the real thing in
+tests/test_kubelet_peer.py): it validates ``Register`` (API version, an extended
+resource name), dials the plugin back and asks for its options before answering (those
+options, not the ones in the request, decide whether it calls GetPreferredAllocation),
+opens one ``ListAndWatch`` per resource and never reopens it, refuses a registration on
+an endpoint whose stream is still open (1.37's "device plugin already connected"),
+replaces the stream of a resource registering from another endpoint, and on every
+``start()`` (``restart()`` included) cleans its directory as the kubelet's device
+manager does before it listens on a new ``kubelet.sock``.
 
 The cleanup is ``ManagerImpl.CleanupPluginDirectory`` (pkg/kubelet/cm/devicemanager/
 manager.go), called from the registration server's ``Start`` (plugin/v1beta1/server.go)
@@ -29,6 +34,7 @@ import asyncio
 import contextlib
 import enum
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -84,7 +90,8 @@ class Registration:
     resource: str
     endpoint: str
     version: str
-    preferred_allocation: bool  # the plugin's advertised option
+    # GetDevicePluginOptions' answer (what the kubelet acts on; False when not reached).
+    preferred_allocation: bool
     accepted: bool
     error: str = ""
     at: float = field(default_factory=time.monotonic)
@@ -220,15 +227,19 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
             await self._notify()
             await self._answer.wait()
         problem = _validate(request)
+        options: api_pb2.DevicePluginOptions | None = None
         if problem is None:
-            problem = await self._check_plugin(request)
+            problem, options = await self._check_plugin(request)
+        if problem is None:
+            problem = self._already_connected(request)
         accepted = problem is None
         self.registrations.append(
             Registration(
                 resource=request.resource_name,
                 endpoint=request.endpoint,
                 version=request.version,
-                preferred_allocation=request.options.get_preferred_allocation_available,
+                preferred_allocation=options is not None
+                and options.get_preferred_allocation_available,
                 accepted=accepted,
                 error=problem or "",
             )
@@ -240,17 +251,35 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
         await self._attach(request)
         return api_pb2.Empty()
 
-    async def _check_plugin(self, request: api_pb2.RegisterRequest) -> str | None:
+    async def _check_plugin(
+        self, request: api_pb2.RegisterRequest
+    ) -> tuple[str | None, api_pb2.DevicePluginOptions | None]:
         """Dial the plugin and ask for its options, as kubelet does before answering."""
         target = f"unix:{self.directory / request.endpoint}"
         try:
             async with aio.insecure_channel(target) as channel:
                 stub = api_pb2_grpc.DevicePluginStub(channel)
-                await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=self.options_timeout)
+                options = await stub.GetDevicePluginOptions(
+                    api_pb2.Empty(), timeout=self.options_timeout
+                )
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, aio.AioRpcError) else None
-            return f"GetDevicePluginOptions on {request.endpoint} failed: {code}"
-        return None
+            return f"GetDevicePluginOptions on {request.endpoint} failed: {code}", None
+        return None, options
+
+    def _already_connected(self, request: api_pb2.RegisterRequest) -> str | None:
+        """The kubelet keeps one client per resource and socket until its stream ends.
+
+        1.37's ManagerImpl.PluginConnected refuses a second one; older releases accept it
+        and mark the resource unhealthy when the old stream ends later. Either way a
+        plugin must not register again while its stream is open.
+        """
+        current = self._plugins.get(request.resource_name)
+        if current is None or current.view.endpoint != request.endpoint:
+            return None
+        if current.view.ended is not None:
+            return None
+        return f"device plugin already connected: {self.directory / request.endpoint}"
 
     async def _attach(self, request: api_pb2.RegisterRequest) -> None:
         resource = request.resource_name
@@ -420,12 +449,34 @@ def _validate(request: api_pb2.RegisterRequest) -> str | None:
     if request.version != API_VERSION:
         return f"unsupported API version {request.version!r}; expected {API_VERSION!r}"
     name = request.resource_name
-    if "/" not in name or name.startswith("/") or name.endswith("/"):
-        return f"invalid resource name {name!r}: expected <domain>/<name>"
+    if not is_extended_resource_name(name):
+        return f"invalid resource name {name!r}: expected an extended resource <domain>/<name>"
     endpoint = request.endpoint
     if not endpoint or "/" in endpoint or endpoint in (".", ".."):
         return f"invalid endpoint {endpoint!r}: expected a socket file name in the kubelet dir"
     return None
+
+
+_DNS_SUBDOMAIN: Final = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+_QUALIFIED_NAME: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """The kubelet's check (IsExtendedResourceName, pkg/apis/core/v1/helper): a name with
+    a domain outside kubernetes.io, not starting with "requests.", that is still a
+    qualified name as the quota name "requests.<name>"."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        return False
+    prefix, _, short = f"requests.{name}".partition("/")
+    return (
+        "/" not in short
+        and len(prefix) <= 253
+        and _DNS_SUBDOMAIN.fullmatch(prefix) is not None
+        and 0 < len(short) <= 63
+        and _QUALIFIED_NAME.fullmatch(short) is not None
+    )
 
 
 async def _close(plugin: _Plugin) -> None:

@@ -8,6 +8,7 @@ rbln-smi state (under its lock) and the saved layout, so a later CLI call or
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from rbln_device_plugin_sim.tree import (
     write_smi_script,
 )
 
-__all__ = ["LAYOUT_FILE", "SimError", "SimNode", "materialize", "short_tempdir"]
+__all__ = ["LAYOUT_FILE", "SimError", "SimNode", "materialize", "remove_node", "short_tempdir"]
 
 MAX_VFS: Final = 7  # functions .1 .. .7 of the PF's slot
 
@@ -190,6 +191,26 @@ class SimNode(NodePaths):
         self.save_layout()
 
 
+# What a node (and the tools around it) put under its root; --force removes only these.
+NODE_ENTRIES: Final = (
+    "sys", "dev", "bin", "kubelet", "cdi", "run", LAYOUT_FILE, "smi-state.json",
+    "smi-state.json.lock", "layout.json.tmp", "daemon.log", "sim-control.sock",
+)  # fmt: skip
+
+
+def remove_node(root: Path | str) -> None:
+    """Delete the simulated node under ``root``: its own entries, nothing else there."""
+    root = Path(root).absolute()
+    if not (root / LAYOUT_FILE).exists():
+        raise SimError(f"{root} holds no simulated node")
+    for name in NODE_ENTRIES:
+        entry = root / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink(missing_ok=True)
+
+
 def materialize(layout: Layout, root: Path | str) -> SimNode:
     """Build the node under ``root`` (created if missing; must not hold a node yet)."""
     node = SimNode(Path(root).absolute(), layout)
@@ -199,7 +220,9 @@ def materialize(layout: Layout, root: Path | str) -> SimNode:
             f"root {node.root} is too long: {socket_path} would exceed {MAX_SOCKET_PATH} bytes"
         )
     if node.layout_path.exists():
-        raise SimError(f"{node.root} already holds a simulated node")
+        raise SimError(
+            f"{node.root} already holds a simulated node ({_layout_name(node.layout_path)})"
+        )
     for directory in (
         node.sysfs_root / "class" / "rebellions",
         node.sysfs_root / "bus" / "pci" / "devices",
@@ -225,3 +248,10 @@ def materialize(layout: Layout, root: Path | str) -> SimNode:
     write_smi_script(node)
     node.save_layout()
     return node
+
+
+def _layout_name(path: Path) -> str:
+    try:
+        return Layout.load(path).name
+    except (OSError, LayoutError):
+        return "unreadable layout"

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
 from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
 from rbln_device_plugin.waits import call_soon_threadsafe, set_result_threadsafe
 
 T = TypeVar("T")
@@ -90,8 +91,14 @@ class _Raised:
 class HostIO:
     """The daemon's runner for blocking host calls. One per daemon."""
 
-    def __init__(self, timeout: float = HOST_IO_TIMEOUT_S, max_threads: int = MAX_THREADS) -> None:
+    def __init__(
+        self,
+        timeout: float = HOST_IO_TIMEOUT_S,
+        max_threads: int = MAX_THREADS,
+        metrics: Metrics = NOOP,
+    ) -> None:
         self.timeout = timeout
+        self._metrics = metrics
         self._max_threads = max_threads
         self._jobs: queue.SimpleQueue[tuple[_Batch, Callable[[str], None]]] = queue.SimpleQueue()
         self._threads = 0
@@ -178,6 +185,7 @@ class HostIO:
         key = calls[stopped_at].key
         results[positions[stopped_at]] = Stalled(key, self.timeout)
         self.stuck[key] = time.monotonic()
+        self._metrics.host_read_stalled()
         log.warning(
             "Host access did not finish in time; treating it as unreadable",
             path=key, timeoutSeconds=self.timeout,

@@ -35,6 +35,21 @@ def ensure_dir(path: Path, mode: int = DIR_MODE) -> None:
         os.chmod(directory, mode)  # mkdir's mode is filtered by the umask
 
 
+def ensure_subdir(parent: Path, name: str, mode: int = DIR_MODE) -> Path:
+    """``parent/name`` with exactly ``mode``, created if missing; ``parent`` must exist.
+
+    For directories of the daemon's own inside one it must never create (the kubelet's
+    device-plugin directory): FileNotFoundError when ``parent`` is missing.
+    """
+    path = parent / name
+    try:
+        path.mkdir(mode=mode)
+    except FileExistsError:
+        return path  # made earlier, or by someone else meanwhile: theirs to set up
+    os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+    return path
+
+
 @contextlib.contextmanager
 def umask(mask: int) -> Iterator[None]:
     """Set the process umask for a block that creates files.

@@ -46,6 +46,7 @@ from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.host.smi import DiscoveryError, SmiError, load_devices, run_smi
 from rbln_device_plugin.model.inventory import is_valid_bus_id
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
@@ -78,6 +79,10 @@ class DeviceMappingChanged(RsdError):
             "that no container gets the group of one device and the node of another; "
             "a rescan is under way, retry after it"
         )
+
+
+class RsdLockTimeout(RsdError):
+    """The RSD lock was not free within the budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +195,7 @@ async def rsd_lock(
     *,
     timeout: float = LOCK_TIMEOUT_S,  # noqa: ASYNC109 - a lock-wait budget
     retry: float = LOCK_RETRY_S,
+    metrics: m.Metrics = m.NOOP,
 ) -> AsyncIterator[int]:
     """Hold an exclusive flock on ``path``; released on every exit path.
 
@@ -200,14 +206,17 @@ async def rsd_lock(
     except OSError as exc:
         raise RsdError(f"cannot open RSD lock file {path}: {exc}") from exc
     try:
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                metrics.rsd_lock_wait(m.OK, time.monotonic() - began)
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise RsdError(
+                    metrics.rsd_lock_wait(m.LOCK_TIMEOUT, time.monotonic() - began)
+                    raise RsdLockTimeout(
                         f"timed out after {timeout:.2g} s waiting for the RSD lock {path}"
                     ) from None
                 await asyncio.sleep(retry)
@@ -219,9 +228,11 @@ async def rsd_lock(
         os.close(fd)
 
 
-async def _smi(smi: Path, args: Sequence[str], limit: float, step: str, lock_fd: int) -> str:
+async def _smi(
+    smi: Path, args: Sequence[str], limit: float, step: str, lock_fd: int, metrics: m.Metrics
+) -> str:
     try:
-        return await run_smi(smi, args, limit, pass_fds=(lock_fd,))
+        return await run_smi(smi, args, limit, pass_fds=(lock_fd,), metrics=metrics)
     except SmiError as exc:
         raise RsdError(f"{step}: {exc}") from exc
 
@@ -240,6 +251,7 @@ async def recreate_rsd_group(
     node_poll: float = NODE_POLL_S,
     always_relist: bool = False,
     accept_file_nodes: bool = False,
+    metrics: m.Metrics = m.NOOP,
     expected: Mapping[str, str] | None = None,
 ) -> RsdGroup:
     """Put exactly ``bus_ids`` into a new RSD group and wait for its device node.
@@ -258,10 +270,10 @@ async def recreate_rsd_group(
     bad = [bus_id for bus_id in wanted if not is_valid_bus_id(bus_id)]
     if bad:
         raise RsdError(f"invalid bus IDs {bad}")
-    async with rsd_lock(lock_path, timeout=lock_timeout) as fd:
+    async with rsd_lock(lock_path, timeout=lock_timeout, metrics=metrics) as fd:
 
         async def listing() -> list[GroupEntry]:
-            text = await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups", fd)
+            text = await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups", fd, metrics)
             entries = parse_groups(text)
             if expected is not None:
                 check_mapping(entries, {n: b.lower() for n, b in expected.items()})
@@ -272,7 +284,12 @@ async def recreate_rsd_group(
         if stale:
             joined = ",".join(stale)
             await _smi(
-                smi, ["group", "-d", joined], change_timeout, f"destroying groups {joined}", fd
+                smi,
+                ["group", "-d", joined],
+                change_timeout,
+                f"destroying groups {joined}",
+                fd,
+                metrics,
             )
         if stale or always_relist:
             entries = await listing()
@@ -284,6 +301,7 @@ async def recreate_rsd_group(
             change_timeout,
             f"creating group {group_id}",
             fd,
+            metrics,
         )
         host_path = dev_root / f"rsd{group_id}"
         try:

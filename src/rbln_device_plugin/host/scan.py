@@ -43,6 +43,7 @@ from rbln_device_plugin.model.inventory import (
     select_records,
 )
 from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
 
 log = get_logger()
 
@@ -126,8 +127,10 @@ class Scanner:
         candidates: Sequence[Path] = DEFAULT_CANDIDATES,
         search_path: str | None = None,
         hostio: HostIO | None = None,
+        metrics: Metrics = NOOP,
     ) -> None:
         self.sysfs_root = sysfs_root
+        self._metrics = metrics
         self.smi_path = smi_path
         self.timeout = timeout
         self._candidates = tuple(candidates)
@@ -152,7 +155,7 @@ class Scanner:
         if isinstance(binary, Stalled):
             raise DiscoveryError(f"looking for rbln-smi: {binary}")
         try:
-            text = await run_smi(binary, ["-j"], self.timeout)
+            text = await run_smi(binary, ["-j"], self.timeout, metrics=self._metrics)
         except SmiError as exc:
             raise DiscoveryError(str(exc)) from exc
         inventory = await self.inventory(text)

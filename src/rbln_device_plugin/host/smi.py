@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 from rbln_device_plugin.model.inventory import Problem, SmiRecord
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
@@ -45,6 +46,10 @@ class SmiNotFound(DiscoveryError):
 
 class SmiError(Exception):
     """An rbln-smi run failed: could not start, timed out, exited non-zero, printed too much."""
+
+    def __init__(self, message: str, result: str = "error") -> None:
+        super().__init__(message)
+        self.result = result  # the metrics' result class (telemetry.metrics.SMI_*)
 
 
 def _is_executable_file(path: Path) -> bool:
@@ -163,6 +168,7 @@ async def run_smi(
     *,
     max_output: int = MAX_OUTPUT_BYTES,
     pass_fds: Sequence[int] = (),
+    metrics: m.Metrics = m.NOOP,
 ) -> str:
     """Run ``binary args`` (no shell, stdin closed) and return its stdout.
 
@@ -170,8 +176,29 @@ async def run_smi(
     SmiError naming the command, duration, exit status and the trimmed output.
     ``pass_fds`` are inherited by the tool (the RSD lock: see ``rsd``).
     """
-    command = " ".join([str(binary), *args])
     started = time.monotonic()
+    result = m.SMI_CANCELLED
+    try:
+        output = await _run_smi(binary, args, timeout, max_output, pass_fds, started)
+        result = m.OK
+        return output
+    except SmiError as exc:
+        result = exc.result
+        raise
+    finally:
+        if metrics.enabled:
+            metrics.rbln_smi_call(m.smi_subcommand(args), result, time.monotonic() - started)
+
+
+async def _run_smi(
+    binary: Path,
+    args: Sequence[str],
+    timeout: float,  # noqa: ASYNC109 - see run_smi
+    max_output: int,
+    pass_fds: Sequence[int],
+    started: float,
+) -> str:
+    command = " ".join([str(binary), *args])
 
     def elapsed_ms() -> int:
         return round((time.monotonic() - started) * 1000)
@@ -187,7 +214,7 @@ async def run_smi(
             pass_fds=tuple(pass_fds),
         )
     except OSError as exc:
-        raise SmiError(f"`{command}` could not be started: {exc}") from exc
+        raise SmiError(f"`{command}` could not be started: {exc}", m.SMI_NOT_STARTED) from exc
 
     try:
         async with asyncio.timeout(timeout):
@@ -195,13 +222,15 @@ async def run_smi(
     except TimeoutError:
         await _kill_and_reap(proc)
         raise SmiError(
-            f"`{command}` timed out after {elapsed_ms()} ms (limit {timeout:g} s) and was killed"
+            f"`{command}` timed out after {elapsed_ms()} ms (limit {timeout:g} s) and was killed",
+            m.SMI_TIMEOUT,
         ) from None
     except _OutputTooLarge:
         await _kill_and_reap(proc)
         raise SmiError(
             f"`{command}` printed more than {max_output} bytes within {elapsed_ms()} ms "
-            "and was killed"
+            "and was killed",
+            m.SMI_OUTPUT_TOO_LARGE,
         ) from None
     except BaseException:
         await _kill_and_reap(proc)
@@ -211,7 +240,8 @@ async def run_smi(
         output = trim_output(stderr + b"\n" + stdout if stderr else stdout)
         raise SmiError(
             f"`{command}` {_describe_exit(returncode)} after {elapsed_ms()} ms"
-            + (f": {output}" if output else " (no output)")
+            + (f": {output}" if output else " (no output)"),
+            m.SMI_ERROR,
         )
     return stdout.decode("utf-8", errors="replace")
 

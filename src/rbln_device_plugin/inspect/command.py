@@ -49,8 +49,11 @@ _EPILOG: Final = (
     "when at least one device is advertised and no error was found, 1 when discovery "
     "fails, nothing is advertised or an error was found, 2 for usage errors. The report "
     "goes to stdout; log records go to stderr, errors only unless "
-    f"{logs.LEVEL_ENV}=debug."
+    f"{logs.LEVEL_ENV}=debug. Every other daemon flag and environment variable is "
+    "accepted too, so the daemon's own command line works here, but changes nothing."
 )
+# The settings that change what inspect reads; --help lists only these.
+_SHOWN: Final = tuple(o for o in config.OPTIONS if o.field in ("sysfs_root", "rbln_smi"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +67,10 @@ class InspectRequest:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The daemon's parser (every daemon flag, same help) plus inspect's own flags."""
+    """The daemon's parser (every daemon flag; help shows those that matter here) plus
+    inspect's own flags."""
     parser = options.build_parser(
-        PROG, "Show what this node has, what the kubelet is told, and why.", _EPILOG
+        PROG, "Show what this node has, what the kubelet is told, and why.", _EPILOG, _SHOWN
     )
     group = parser.add_argument_group("inspect options")
     group.add_argument(
@@ -113,7 +117,9 @@ def parse(
             if value is not None
         ]
         if given:
-            raise options.UsageError(f"{', '.join(given)} need --preferred SIZE")
+            verb = "needs" if len(given) == 1 else "need"
+            named = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
+            raise options.UsageError(f"{named} {verb} --preferred SIZE")
     return InspectRequest(
         config=options.resolve(namespace, environ),
         output=namespace.output,

@@ -8,6 +8,7 @@ so a hostile rbln-smi cannot move the cursor or forge lines on an operator's ter
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -17,6 +18,7 @@ from rbln_device_plugin.inspect.report import (
     PreferredReport,
     Report,
     Row,
+    SmiOutcome,
     score_levels,
 )
 
@@ -145,7 +147,12 @@ def render_table(report: Report, preferred: PreferredReport | None) -> str:
         [_row_cells(row) for row in report.rows],
     )
     if not report.rows:
-        lines.append("(no device: rbln-smi lists none and sysfs shows none)")
+        lines.append(f"(no device: {_smi_listing(smi)})")
+    elif any(row.health == "Healthy" and row.status_detail for row in report.rows):
+        lines.append(
+            "(Healthy with an UNREADABLE status: the device has no readable status file and "
+            "was never read Unhealthy, as with VFs and older drivers)"
+        )
     lines.append("")
     lines += _columns(
         ["RESOURCE", "DEVICES", "HEALTHY", "UNHEALTHY"],
@@ -171,6 +178,27 @@ def render_table(report: Report, preferred: PreferredReport | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _smi_listing(smi: SmiOutcome) -> str:
+    """What rbln-smi said about devices, without claiming it ran when it did not."""
+    if smi.ok:
+        return "rbln-smi lists none and sysfs shows none"
+    if smi.duration_ms is None:
+        return "rbln-smi did not run and sysfs shows none; see problems"
+    return "rbln-smi failed and sysfs shows none; see problems"
+
+
+_STATUS_FILE: Final = re.compile(r"\S*/status\b")
+
+
+def _status_cell(row: Row) -> str:
+    """The status, and for an unreadable one the reason, with the path said in words."""
+    status = row.status or _DASH
+    if not row.status_detail or not status.startswith("UNREADABLE"):
+        return _cell(status)
+    reason = _STATUS_FILE.sub("status file", row.status_detail)
+    return _cell(f"{status} ({reason})")
+
+
 def _row_cells(row: Row) -> list[str]:
     if row.resource is not None:
         advertised = row.resource
@@ -191,7 +219,7 @@ def _row_cells(row: Row) -> list[str]:
         row.parent_bus_id or _DASH,
         _cell(advertised),
         row.health or _DASH,
-        _cell(row.status or _DASH),
+        _status_cell(row),
         _cell(pci, limit=200),
     ]
 
@@ -219,6 +247,9 @@ def _preferred_lines(answer: PreferredReport) -> list[str]:
     ]
     if answer.winner is None:
         lines.append(f"  answer: [] (fallback to the kubelet: {_cell(answer.fallback)})")
+        return lines
+    if not answer.winner.device_ids:
+        lines.append("  answer: [] (size 0: nothing to choose)")
         return lines
     shortcut = f" (shortcut: {answer.shortcut}, no search)" if answer.shortcut else ""
     lines.append(f"  answer: {', '.join(answer.winner.device_ids)}{shortcut}")

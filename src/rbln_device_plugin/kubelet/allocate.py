@@ -29,6 +29,7 @@ from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.model.devicetable import DeviceTable
 from rbln_device_plugin.model.health import Health, Verdict
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.tracing import Tracer, mark_error
 
@@ -49,9 +50,23 @@ log = get_logger()
 class AllocationError(Exception):
     """Fails the whole Allocate call with INVALID_ARGUMENT and this message."""
 
-    def __init__(self, message: str, *, logged: bool = False) -> None:
+    def __init__(
+        self, message: str, *, logged: bool = False, result: str = m.ALLOCATE_INVALID_REQUEST
+    ) -> None:
         super().__init__(message)
         self.logged = logged  # the per-container failure record was already written
+        self.result = result  # the metrics' result class
+
+
+def _failure_class(exc: BaseException) -> str:
+    """The metrics' result class of a container's failure after validation."""
+    if isinstance(exc, devnodes.DeviceNodeMissing | devnodes.NotADeviceNode):
+        return m.ALLOCATE_DEVICE_NODE
+    if isinstance(exc, rsd.RsdLockTimeout):
+        return m.ALLOCATE_RSD_LOCK
+    if isinstance(exc, rsd.RsdError | smi.DiscoveryError):  # incl. rbln-smi not found
+        return m.ALLOCATE_RSD_GROUP
+    return m.ALLOCATE_INTERNAL
 
 
 def _show(ids: Sequence[str]) -> str:
@@ -70,9 +85,11 @@ class Allocator:
         check_health: Callable[[Sequence[str]], Awaitable[Mapping[str, Verdict]]],
         rsd_local_lock: asyncio.Lock,
         hostio: HostIO,
+        metrics: m.Metrics = m.NOOP,
         request_rescan: Callable[[], None] = lambda: None,
     ) -> None:
         self._resource = resource
+        self._metrics = metrics
         self._request_rescan = request_rescan
         self._rsd_local_lock = rsd_local_lock
         self._table = table
@@ -109,9 +126,12 @@ class Allocator:
                         )  # fmt: skip
                         raise
                     response.container_responses.append(container)
+                self._metrics.allocation(self._resource, m.OK, time.monotonic() - started)
                 return response
         except Exception as exc:
             failure = exc if isinstance(exc, AllocationError) else None
+            result = failure.result if failure is not None else m.ALLOCATE_INTERNAL
+            self._metrics.allocation(self._resource, result, time.monotonic() - started)
             if failure is None or not failure.logged:
                 log.error(
                     "Container allocation failed",
@@ -208,7 +228,8 @@ class Allocator:
         ]
         if unhealthy:
             raise AllocationError(
-                f"{self._resource}: unhealthy devices requested: {'; '.join(unhealthy)}"
+                f"{self._resource}: unhealthy devices requested: {'; '.join(unhealthy)}",
+                result=m.ALLOCATE_UNHEALTHY,
             )
         return {device_id: entries[device_id].device for device_id in distinct}
 
@@ -249,12 +270,16 @@ class Allocator:
                     **fields, device=exc.device, snapshotBusID=exc.snapshot_bus_id,
                     currentBusID=exc.current_bus_id, durationMs=_ms(started),
                 )  # fmt: skip
-                raise AllocationError(f"{self._resource}: {exc}", logged=True) from exc
+                raise AllocationError(
+                    f"{self._resource}: {exc}", logged=True, result=_failure_class(exc)
+                ) from exc
             except Exception as exc:
                 log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
                 # Raised inside the span: the span and its parent record it as an error.
                 raise AllocationError(
-                    f"{self._resource}: {', '.join(ids)}: {exc}", logged=True
+                    f"{self._resource}: {', '.join(ids)}: {exc}",
+                    logged=True,
+                    result=_failure_class(exc),
                 ) from exc
         response = api_pb2.ContainerAllocateResponse(annotations=cdi.container_annotations())
         response.devices.add(
@@ -293,7 +318,7 @@ class Allocator:
             async with asyncio.timeout(rsd.LOCK_TIMEOUT_S):
                 await self._rsd_local_lock.acquire()
         except TimeoutError:
-            raise rsd.RsdError(
+            raise rsd.RsdLockTimeout(
                 f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
                 f"{self._config.rsd_lock_path} (queued behind this daemon's earlier allocations)"
             ) from None
@@ -307,6 +332,7 @@ class Allocator:
                 dev_root=self._config.dev_root,
                 lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),
                 accept_file_nodes=self._config.test_file_device_nodes,
+                metrics=self._metrics,
             )
         finally:
             self._rsd_local_lock.release()

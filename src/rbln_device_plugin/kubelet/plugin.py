@@ -2,8 +2,9 @@
 
 The plugin serves on its own unix socket before it registers (the kubelet dials back
 inside Register), publishes the device list through ListAndWatch only when something
-the kubelet sees changed, and owns its device table and health history for exactly its
-own lifetime.
+the kubelet sees changed, and owns its device table for exactly its own lifetime. The
+health history is handed in, so it can outlive the instance (a kubelet restart replaces
+every plugin but keeps each resource's history).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.kubelet import preferred
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.model.devicetable import Change, DeviceTable, Entry, KubeletDevice
-from rbln_device_plugin.model.health import StatusReading, Verdict
+from rbln_device_plugin.model.health import HealthHistory, StatusReading, Verdict
 from rbln_device_plugin.model.inventory import Device, natural_key
 from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
 from rbln_device_plugin.telemetry.tracing import Tracer
 
 REGISTER_TIMEOUT_S: Final = 10.0
@@ -56,14 +58,17 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         on_stream_lost: Callable[[ResourcePlugin], None] = lambda _: None,
         rsd_local_lock: asyncio.Lock | None = None,
         hostio: HostIO | None = None,
+        metrics: Metrics = NOOP,
+        history: HealthHistory | None = None,
         request_rescan: Callable[[], None] = lambda: None,
     ) -> None:
         self.resource = resource
+        self._metrics = metrics
         self.socket_path = config.kubelet_dir / socket_name(resource)
         self.kubelet_socket = config.kubelet_dir / KUBELET_SOCKET
         self._config = config
         self._hostio = hostio or HostIO()
-        self.table = DeviceTable()
+        self.table = DeviceTable(history)
         # Held around each batch of status reads and the history update that applies it,
         # so scan and Allocate observations reach the history in the order they were read.
         self._observe_lock = asyncio.Lock()
@@ -75,6 +80,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
             self.check_health,
             rsd_local_lock or asyncio.Lock(),
             self._hostio,
+            metrics,
             request_rescan,
         )
         self._on_stream_lost = on_stream_lost
@@ -96,8 +102,12 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        """Serve on the plugin socket (replacing a stale one), readable by the owner only."""
-        paths.ensure_dir(self.socket_path.parent)
+        """Serve on the plugin socket (replacing a stale one), readable by the owner only.
+
+        The kubelet's directory must exist: the daemon waits for it, never creates it.
+        """
+        if not self.socket_path.parent.is_dir():
+            raise RuntimeError(f"the kubelet directory {self.socket_path.parent} does not exist")
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = grpc.aio.server()
@@ -143,6 +153,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
 
     async def stop(self) -> None:
         self._stopping = True
+        self._metrics.devices(self.resource, None)
         if self.registration is not None:
             self.registration.cancel()
             await asyncio.gather(self.registration, return_exceptions=True)
@@ -184,6 +195,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         async with self._observe_lock:
             readings = await self._read_statuses(devices)
             changes = self.table.apply_scan(devices, readings)
+        self._metrics.devices(self.resource, self.table.entries)
         if self.announced:
             self._log_changes(changes)
         view = self.table.kubelet_view()
@@ -227,12 +239,17 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
                     **counts,
                 )
 
-    def announce(self) -> None:
-        """The narrative of a (re)registration: the plugin, then each device it exposes."""
+    def announce(self, failed_attempts: int = 0) -> None:
+        """The narrative of a (re)registration: the plugin, then each device it exposes.
+
+        ``failed_attempts``: registrations that failed before this one (said only if any).
+        """
         counts = self.table.counts()
+        after_failures = {"failedAttempts": failed_attempts} if failed_attempts else {}
         log.info(
             "Registered device plugin with kubelet",
             resourceName=self.resource, **counts.fields(), socketPath=str(self.socket_path),
+            **after_failures,
         )  # fmt: skip
         for entry in sorted(self.table.entries.values(), key=lambda e: natural_key(e.device.name)):
             _log_exposed(self.resource, entry)
@@ -254,6 +271,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         sent = -1
         self.open_streams += 1
+        self._metrics.stream_opened(self.resource)
         token = object()
         if self._expecting_kubelet_stream:
             self._expecting_kubelet_stream = False
@@ -273,6 +291,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
                 )  # fmt: skip
         finally:
             self.open_streams -= 1
+            self._metrics.stream_closed(self.resource)
             if not self._stopping and self._kubelet_stream is token:
                 # The kubelet never reopens a stream on its own: the manager decides whether
                 # this is a kubelet restart or a stream lost alone, and registers again.
@@ -289,7 +308,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for container in request.container_requests:
-            ids = await preferred.choose(self.resource, self.table, container)
+            ids = await preferred.choose(self.resource, self.table, container, self._metrics)
             response.container_responses.add(deviceIDs=ids)
         return response
 

@@ -11,6 +11,7 @@ cost more than the search.
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from rbln_device_plugin import topology
 from rbln_device_plugin.api.v1beta1 import api_pb2
 from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
@@ -59,8 +61,12 @@ def topology_for(table: DeviceTable) -> topology.Topology:
 
 
 async def choose(
-    resource: str, table: DeviceTable, request: api_pb2.ContainerPreferredAllocationRequest
+    resource: str,
+    table: DeviceTable,
+    request: api_pb2.ContainerPreferredAllocationRequest,
+    metrics: m.Metrics = m.NOOP,
 ) -> list[str]:
+    started = time.monotonic()
     size = request.allocation_size
     available = list(request.available_deviceIDs)
     must = list(request.must_include_deviceIDs)
@@ -74,9 +80,11 @@ async def choose(
             result = await asyncio.to_thread(search)
     except topology.Fallback as exc:
         _fallback(resource, size, exc.reason, request)
+        metrics.preferred_allocation(resource, m.PREFERRED_FALLBACK, time.monotonic() - started)
         return []
     except Exception as exc:  # never let a search bug fail pod admission
         _fallback(resource, size, "internal error in topology search", request, err=exc)
+        metrics.preferred_allocation(resource, m.PREFERRED_INTERNAL, time.monotonic() - started)
         return []
     if result.capped is not None:
         log.warning(
@@ -95,6 +103,9 @@ async def choose(
         mustInclude=must[:_MAX_LOGGED_IDS],
         shortcut=result.shortcut,
         score=_levels(result.score),
+    )
+    metrics.preferred_allocation(
+        resource, m.OK, time.monotonic() - started, capped=result.capped is not None
     )
     return list(result.device_ids)
 

@@ -8,7 +8,7 @@ a file system without notifications) a slow poll takes over.
 
 Either way a restart is a *new file*: its identity (device, inode, modification time)
 differs from the last one seen. A chmod or chown of the socket changes neither, so it
-is not a restart and does not wipe the plugins' health history.
+is not a restart and does not make the plugins register again.
 """
 
 from __future__ import annotations

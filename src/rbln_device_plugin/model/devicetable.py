@@ -1,10 +1,11 @@
 """The device set of one resource plugin and what changed between scans (pure).
 
-A ``DeviceTable`` lives exactly as long as its resource plugin instance, and so does its
-``HealthHistory``: a device that leaves and returns keeps its history, a new instance
-starts empty. Status readings are passed in, so the policy is tested without files; the
-plugin holds one lock around each batch of reads and the update that applies them, so
-observations reach the history in the order they were read.
+A ``DeviceTable`` lives as long as its resource plugin instance; its ``HealthHistory``
+is passed in by the owner, who decides how long it lasts (the scan loop keeps one per
+resource across kubelet restarts). A device that leaves and returns keeps its history.
+Status readings are passed in, so the policy is tested without files; the plugin holds
+one lock around each batch of reads and the update that applies them, so observations
+reach the history in the order they were read.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ KubeletDevice = tuple[str, str, int | None]
 
 
 class DeviceTable:
-    def __init__(self) -> None:
-        self.history = HealthHistory()
+    def __init__(self, history: HealthHistory | None = None) -> None:
+        self.history = history if history is not None else HealthHistory()
         self._entries: dict[str, Entry] = {}
 
     @property

@@ -101,7 +101,7 @@ class Verdict:
 
 
 class HealthHistory:
-    """Health history of one resource-plugin instance, keyed by device ID.
+    """Health history of one resource, keyed by device ID.
 
     Scans and Allocate's final check feed the same instance. The caller applies
     observations in the order they were read (the resource plugin holds one lock around

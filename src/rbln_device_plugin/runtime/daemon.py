@@ -1,8 +1,8 @@
 """Process lifecycle: signals, health service, instance lock, the manager, orderly shutdown.
 
-Start: health service (liveness SERVING at once), instance lock (a second instance waits
-here, readiness NOT_SERVING), tracing, the scan loop; readiness turns SERVING after the
-first scan.
+Start: health service (liveness SERVING at once), the kubelet's directory (waited for,
+never created), instance lock (a second instance waits here, readiness NOT_SERVING),
+tracing and metrics, the scan loop; readiness turns SERVING after the first scan.
 
 Shutdown, in this order, after the first SIGTERM, SIGINT, SIGHUP or SIGQUIT:
 
@@ -12,7 +12,8 @@ Shutdown, in this order, after the first SIGTERM, SIGINT, SIGHUP or SIGQUIT:
    (0.5 s grace each, in parallel, so its ListAndWatch stream ends) and removes its
    socket. All of step 2 gets ``SHUTDOWN_BUDGET_S`` (4 s); past it the manager task is
    cancelled;
-3. tracing flushes pending spans, at most 5 s, and only when tracing is on;
+3. tracing flushes pending spans and metrics stop (the Prometheus endpoint closes, an
+   OTLP push sends its last export), side by side, each at most 5 s, and only when on;
 4. ``Shutdown complete``; the instance locks are released (a waiting instance starts
    now); the health server stops (0.2 s grace);
 5. back in ``cli``: the stderr relay gets 1 s to pass on what gRPC wrote last, and the
@@ -40,9 +41,10 @@ from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
+from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager
 from rbln_device_plugin.runtime.watchdog import ScanWatchdog
-from rbln_device_plugin.telemetry import logs, tracing
+from rbln_device_plugin.telemetry import logs, metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -123,7 +125,11 @@ async def _serve(config: Config) -> int:
     instance = InstanceLock(config.kubelet_dir)
     try:
         try:
-            if not await instance.acquire(stop):
+            # The lock and the sockets live in the kubelet's directory, which only the
+            # kubelet creates: on a machine that is not (yet) a node, wait for it.
+            if not await KubeletDirectory(config.kubelet_dir).wait(stop) or not (
+                await instance.acquire(stop)
+            ):
                 log.info("Shutdown complete", signal=received[0].name if received else None)
                 return options.EXIT_OK
         except InstanceLockError as exc:
@@ -148,6 +154,7 @@ async def _serve_locked(
     instance: InstanceLock,
 ) -> int:
     tracer = tracing.setup(config)
+    recorder = await metrics_setup.start(config)
 
     async def mark_ready() -> None:
         if health is not None:
@@ -170,10 +177,11 @@ async def _serve_locked(
         config,
         tracer=tracer.tracer,
         on_first_scan=mark_ready,
-        hostio=HostIO(),
+        hostio=HostIO(metrics=recorder),
         on_scan_start=scan_started,
         on_scan_end=watchdog.scan_finished,
         on_kubelet_restart=kubelet_restarted,
+        metrics=recorder,
     )
     manager_task = asyncio.create_task(manager.run(stop), name="manager")
     lock_watch = asyncio.create_task(instance.watch(stop), name="instance-lock-watch")
@@ -209,7 +217,7 @@ async def _serve_locked(
         except Exception:
             pass  # already reported above
         watchdog.close()
-        await tracer.shutdown()
+        await asyncio.gather(tracer.shutdown(), recorder.shutdown())
         log.info(
             "Shutdown complete",
             signal=received[0].name if received else None,

@@ -71,8 +71,9 @@ class LockLoss:
 
 
 class _LockFile:
-    def __init__(self, path: Path, *, legacy: bool) -> None:
+    def __init__(self, path: Path, kubelet_dir: Path, *, legacy: bool) -> None:
         self.path = path
+        self.kubelet_dir = kubelet_dir
         self.legacy = legacy
         self.fd: int | None = None
 
@@ -82,9 +83,13 @@ class _LockFile:
         With ``create`` false a missing file is left missing (None).
         """
         while True:
+            if not self.kubelet_dir.is_dir():
+                # The kubelet's directory is the kubelet's to create: while it is gone
+                # (the manager waits for it and says so), nothing is locked or made.
+                return None
             try:
-                if create:
-                    ensure_dir(self.path.parent)
+                if create and not self.legacy:
+                    ensure_dir(self.path.parent)  # our own directory inside the kubelet's
                 flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
                 fd = os.open(self.path, flags, 0o644)
             except FileNotFoundError:
@@ -137,8 +142,8 @@ class _LockFile:
 
 class InstanceLock:
     def __init__(self, kubelet_dir: Path) -> None:
-        self._primary = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, legacy=False)
-        self._legacy = _LockFile(kubelet_dir / LEGACY_LOCK_NAME, legacy=True)
+        self._primary = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False)
+        self._legacy = _LockFile(kubelet_dir / LEGACY_LOCK_NAME, kubelet_dir, legacy=True)
         self.path = self._primary.path
         self.legacy_path = self._legacy.path
         self.lost = asyncio.Event()
@@ -157,8 +162,8 @@ class InstanceLock:
         started = time.monotonic()
         reported = False
         for lock in (self._primary, self._legacy):
-            while not lock.try_lock():
-                if not reported:
+            while not (locked := lock.try_lock()):
+                if locked is not None and not reported:  # None: no kubelet directory yet
                     log.error(
                         "Another rbln-device-plugin instance serves this kubelet directory; "
                         "waiting for it to exit",

@@ -25,7 +25,11 @@ from rbln_device_plugin.host.scan import DiscoveryError, Scanner
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.plugin import RegistrationError, ResourcePlugin
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
+from rbln_device_plugin.model.health import HealthHistory
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
+from rbln_device_plugin.runtime.streaks import FailureStreak
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.tracing import Tracer
 from rbln_device_plugin.waits import unless_stopped, wait_any
@@ -48,8 +52,10 @@ class Manager:
         on_scan_start: Callable[[], None] = lambda: None,
         on_scan_end: Callable[[], None] = lambda: None,
         on_kubelet_restart: Callable[[], None] = lambda: None,
+        metrics: m.Metrics = m.NOOP,
     ) -> None:
         self._config = config
+        self._metrics = metrics
         self._tracer = tracer
         self._on_first_scan = on_first_scan
         self._on_scan_start = on_scan_start
@@ -58,17 +64,32 @@ class Manager:
         self._on_kubelet_restart = on_kubelet_restart
         self._hostio = hostio or HostIO()
         self._scanner = scanner or Scanner(
-            sysfs_root=config.sysfs_root, smi_path=config.rbln_smi, hostio=self._hostio
+            sysfs_root=config.sysfs_root,
+            smi_path=config.rbln_smi,
+            hostio=self._hostio,
+            metrics=metrics,
         )
         self.plugins: dict[str, ResourcePlugin] = {}
+        # One health history per resource, for as long as the resource is offered: a
+        # kubelet restart (or a deleted socket) replaces the plugin but not what it knew,
+        # so a faulted device whose status turns unreadable stays Unhealthy afterwards.
+        self._histories: dict[str, HealthHistory] = {}
         self._wake = asyncio.Event()
         # Serialises this daemon's RSD group changes (every resource plugin), in arrival
         # order, in front of the node-wide RSD file lock.
         self._rsd_local_lock = asyncio.Lock()
         self.kubelet = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
+        self._kubelet_dir = KubeletDirectory(config.kubelet_dir)
+        # Said once, again on a new reason, and once more when it ends (see streaks).
+        self._discovery_failures = FailureStreak()
+        self._registration_failures: dict[str, FailureStreak] = {}
         self._restart_pending = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.scans = 0
+        # Device IDs per resource after the previous scan (None before the first one), for
+        # the appeared/disappeared counters: what the kubelet was offered, whatever
+        # plugin instance offered it.
+        self._offered: dict[str, frozenset[str]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._clean_cdi()
@@ -114,6 +135,7 @@ class Manager:
     async def _reconcile(self) -> None:
         started = time.monotonic()
         self.scans += 1
+        outcome = m.OK
         try:
             result = await self._scanner.scan()
             wanted: Mapping[str, Sequence[Device]] = {
@@ -121,28 +143,47 @@ class Manager:
             }
         except DiscoveryError as exc:
             log.error("Device discovery failed; reporting zero devices until it recovers", err=exc)
+            self._discovery_failures.failed(str(exc))
             wanted = {}
+            outcome = m.SCAN_DISCOVERY_FAILED
         except Exception as exc:  # a bug on odd input must not end the scan loop
             log.error(
                 "Device discovery failed; reporting zero devices until it recovers",
                 err=f"internal error: {exc!r}", exc_info=True,
             )  # fmt: skip
+            self._discovery_failures.failed(repr(exc))
             wanted = {}
+            outcome = m.SCAN_DISCOVERY_FAILED
+        else:
+            failed_scans = self._discovery_failures.succeeded()
+            if failed_scans:
+                log.info(
+                    "Device discovery recovered",
+                    failedScans=failed_scans,
+                    deviceCount=sum(len(devices) for devices in wanted.values()),
+                )
         # The kubelet may have restarted while rbln-smi ran: restart first, register once.
         await self._restart_if_kubelet_restarted()
         for resource in sorted(set(self.plugins) - set(wanted)):
             plugin = self.plugins.pop(resource)
+            self._histories.pop(resource, None)
             await plugin.update(())  # every device disappears, and is logged as such
             await plugin.stop()
+            self._registration_failures.pop(resource, None)
             log.info("Stopped device plugin for absent resource", resourceName=resource)
+        # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
+        can_start = self._kubelet_dir.present() if wanted else True
         for resource in sorted(wanted):
             try:
-                await self._sync_plugin(resource, wanted[resource])
+                await self._sync_plugin(resource, wanted[resource], can_start)
             except Exception as exc:  # one resource's trouble must not cost the others
                 log.error(
                     "Cannot update device plugin; retrying next scan",
                     resourceName=resource, err=exc, exc_info=True,
                 )  # fmt: skip
+        if self._metrics.enabled:
+            self._count_changes(wanted)
+        self._metrics.scan(outcome, time.monotonic() - started)
         log.debug(
             "Reconciled device inventory",
             resourceCount=len(self.plugins),
@@ -152,7 +193,18 @@ class Manager:
             streams=sum(plugin.open_streams for plugin in self.plugins.values()),
         )
 
-    async def _sync_plugin(self, resource: str, devices: Sequence[Device]) -> None:
+    def _count_changes(self, wanted: Mapping[str, Sequence[Device]]) -> None:
+        offered = {name: frozenset(d.name for d in devices) for name, devices in wanted.items()}
+        before, self._offered = self._offered, offered
+        if before is None:
+            return  # the first scan sets the baseline: a start is not a change
+        for resource in sorted(set(before) | set(offered)):
+            old, new = before.get(resource, frozenset()), offered.get(resource, frozenset())
+            self._metrics.inventory_changes(resource, len(new - old), len(old - new))
+
+    async def _sync_plugin(
+        self, resource: str, devices: Sequence[Device], can_start: bool = True
+    ) -> None:
         plugin = self.plugins.get(resource)
         if plugin is not None and not plugin.socket_intact():
             log.warning(
@@ -163,6 +215,8 @@ class Manager:
             del self.plugins[resource]
             plugin = None
         if plugin is None:
+            if not can_start:
+                return
             plugin = ResourcePlugin(
                 resource,
                 self._config,
@@ -170,6 +224,8 @@ class Manager:
                 self._stream_lost,
                 self._rsd_local_lock,
                 self._hostio,
+                self._metrics,
+                self._histories.setdefault(resource, HealthHistory()),
                 self.request_scan,
             )
             try:
@@ -189,15 +245,20 @@ class Manager:
             )
 
     async def _register(self, plugin: ResourcePlugin) -> None:
+        streak = self._registration_failures.setdefault(plugin.resource, FailureStreak())
         try:
             await plugin.register()
         except RegistrationError as exc:
-            log.error(
+            self._metrics.registration(plugin.resource, m.REGISTRATION_FAILED)
+            # A kubelet that is not there fails every scan: say it once per reason.
+            emit = log.error if streak.failed(str(exc)) else log.debug
+            emit(
                 "Device plugin registration failed; retrying next scan",
-                resourceName=plugin.resource, err=exc,
+                resourceName=plugin.resource, err=exc, failedAttempts=streak.failures,
             )  # fmt: skip
         else:
-            plugin.announce()
+            self._metrics.registration(plugin.resource, m.OK)
+            plugin.announce(failed_attempts=streak.succeeded())
         finally:
             plugin.registration = None
 
@@ -229,6 +290,7 @@ class Manager:
     def _kubelet_restarted(self) -> None:
         """A new kubelet.sock: the scan loop restarts the plugins, in one task."""
         self._restart_pending = True
+        self._metrics.kubelet_restart()
         self._wake.set()
 
     async def _restart_if_kubelet_restarted(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Final, TextIO
 
 import structlog
 
+from rbln_device_plugin.telemetry import logfmt
 from rbln_device_plugin.telemetry.logsink import QueuedSink
 
 LEVEL_ENV: Final = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
@@ -49,6 +50,9 @@ _LEVEL_WORDS: Final[Mapping[str, str]] = {
     "debug": "debug",
 }
 
+# gRPC's asyncio layer logs this at debug for nearly every call and server start: it
+# says nothing about the daemon and drowned two of every three debug records.
+_GRPC_NOISE: Final = ("[_cygrpc] Loaded running loop",)
 # A client's undecodable request (garbage instead of protobuf) is the client's fault, but
 # grpc.aio logs it as an error with a traceback. It is shown at debug, and as one warn per
 # method at most once per window, with the number of repeats in between.
@@ -112,9 +116,7 @@ def _stringify_err(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any
 
 def _renderer(fmt: str) -> structlog.typing.Processor:
     if fmt == "text":
-        return structlog.processors.LogfmtRenderer(
-            key_order=["ts", "level", "msg"], drop_missing=True, bool_as_flag=False
-        )
+        return logfmt.render
     # Compact, like the README's sample records: {"ts":"...","level":"warn",...}.
     return structlog.processors.JSONRenderer(sort_keys=False, default=str, separators=(",", ":"))
 
@@ -161,6 +163,10 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     """Write out queued records (bounded wait); False when stdout stayed blocked."""
     return _sink.flush(timeout) if _sink is not None else True
 
+
+def dropped_total() -> int:
+    """Records the installed sink has dropped because stdout was blocked."""
+    return _sink.dropped_total if _sink is not None else 0
 
 def last_words(message: str, timeout: float, **fields: Any) -> None:
     """One warn record and a bounded flush, from a signal handler just before ``os._exit``.
@@ -274,6 +280,8 @@ class _BridgeHandler(logging.Handler):
             message = record.getMessage()
         except Exception:  # a library's malformed format string must not break logging
             message = str(record.msg)
+        if self._component == "grpc" and message.startswith(_GRPC_NOISE):
+            return
         level = record.levelno
         if self._demote_info and level == logging.INFO:
             level = logging.DEBUG

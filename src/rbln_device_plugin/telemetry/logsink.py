@@ -49,6 +49,7 @@ class QueuedSink:
         self._capacity = capacity
         self._pending: deque[str | _Dropped] = deque()
         self._dropped = 0
+        self._dropped_total = 0  # every line ever dropped, for the metrics
         self._busy = False  # the writer holds lines it has not finished writing
         self._closed = False
         # How long ``write`` may wait for the lock; -1: as long as it takes.
@@ -68,6 +69,7 @@ class QueuedSink:
                 return
             if len(self._pending) >= self._capacity:
                 self._dropped += 1
+                self._dropped_total += 1
                 return
             if self._dropped:
                 self._pending.append(_Dropped(self._dropped))
@@ -82,6 +84,11 @@ class QueuedSink:
         """Lines lost since the last notice was queued."""
         with self._lock:
             return self._dropped
+
+    @property
+    def dropped_total(self) -> int:
+        """Lines lost since the sink was created (read from any thread without the lock)."""
+        return self._dropped_total
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued so far is written; False when that took too long."""

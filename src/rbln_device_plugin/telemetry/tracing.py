@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
-from urllib.parse import urlsplit
 
 from rbln_device_plugin import __version__
 from rbln_device_plugin.config import Config
@@ -40,26 +40,31 @@ class Endpoint:
     insecure: bool
 
 
+# The grammar the chart's values check accepts, so the chart and the daemon agree on
+# every endpoint: a host name or bracketed IPv6 address, a port 1-65535 written without
+# leading zeros (required without a scheme), and an optional "/" after a URL's authority.
+_HOST: Final = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[-A-Za-z0-9._]*[A-Za-z0-9])?)"
+_PORT: Final = (
+    r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+)
+_URL: Final = re.compile(rf"(https?|grpcs?)://{_HOST}(?::{_PORT})?/?")
+_HOST_PORT: Final = re.compile(rf"{_HOST}:{_PORT}")
+
+
 def parse_endpoint(raw: str) -> Endpoint:
     """``host:port`` is an insecure connection; a URL uses its scheme (https = TLS)."""
     text = raw.strip()
+    url = _URL.fullmatch(text)
+    if url is not None:
+        return Endpoint(text, insecure=url.group(1) in ("http", "grpc"))
+    if _HOST_PORT.fullmatch(text) is not None:
+        return Endpoint(text, insecure=True)
     if "://" in text:
-        parts = urlsplit(text)
-        if parts.scheme not in ("http", "https", "grpc", "grpcs"):
-            raise EndpointError(f"unsupported scheme {parts.scheme!r} in {raw!r}")
-        if not parts.hostname:
-            raise EndpointError(f"no host in {raw!r}")
-        try:
-            _ = parts.port
-        except ValueError as exc:
-            raise EndpointError(f"invalid port in {raw!r}: {exc}") from None
-        return Endpoint(text, insecure=parts.scheme in ("http", "grpc"))
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise EndpointError(f"expected host:port or a URL, got {raw!r}")
-    if any(ch.isspace() or ch in "/?#@" for ch in host):
-        raise EndpointError(f"invalid host in {raw!r}")
-    return Endpoint(text, insecure=True)
+        raise EndpointError(
+            f"expected http(s):// or grpc(s):// with a host, an optional port 1-65535 and "
+            f"no path, got {raw!r}"
+        )
+    raise EndpointError(f"expected host:port (port 1-65535) or a URL, got {raw!r}")
 
 
 AttributeValue = str | bool | int | float | Sequence[str]
@@ -185,7 +190,7 @@ def setup(config: Config) -> Tracing:
     except Exception as exc:
         log.warning(
             "Tracing setup failed; continuing without distributed tracing",
-            endpoint=config.otlp_endpoint, err=exc,
+            endpoint=config.otlp_endpoint, setting=config.origin("otlp_endpoint"), err=exc,
         )  # fmt: skip
         return disabled()
     log.info(

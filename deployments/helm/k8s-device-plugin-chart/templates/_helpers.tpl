@@ -72,17 +72,88 @@ Sprig's float helpers compute in decimal, so "24h", "1440m" and "86400000ms" all
 {{- end }}
 
 {{/*
-Limits that involve arithmetic or more than one value, which JSON Schema cannot express. Each
-failure names the value to change.
+What the plugin would refuse at start (values.schema.json only checks types: its errors
+would print the patterns, these say what is wrong in words). Each failure names the value
+to change. Also the limits that involve arithmetic or more than one value.
 */}}
 {{- define "rbln-device-plugin.validate" -}}
 {{- $plugin := .Values.devicePlugin }}
-{{- $seconds := include "rbln-device-plugin.durationSeconds" $plugin.deviceScanInterval | float64 }}
+{{- $interval := $plugin.deviceScanInterval }}
+{{- if not (kindIs "string" $interval) }}
+{{- fail (printf "devicePlugin.deviceScanInterval: %v is a number, but the plugin needs a Go duration with a unit, such as %vs or %vms (use --set-string, or quotes in a values file)" $interval $interval $interval) }}
+{{- end }}
+{{- if not (regexMatch "^\\+?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$" $interval) }}
+{{- fail (printf "devicePlugin.deviceScanInterval: %q is not a Go duration: write numbers with units (ns, us, ms, s, m, h), such as 500ms, 5s or 1m30s" $interval) }}
+{{- end }}
+{{- $seconds := include "rbln-device-plugin.durationSeconds" $interval | float64 }}
 {{- if gt $seconds 86400.0 }}
-{{- fail (printf "devicePlugin.deviceScanInterval: %s is longer than 24h, the most the plugin accepts" $plugin.deviceScanInterval) }}
+{{- fail (printf "devicePlugin.deviceScanInterval: %s is longer than 24h, the most the plugin accepts" $interval) }}
 {{- end }}
 {{- if not (gt $seconds 0.0) }}
-{{- fail (printf "devicePlugin.deviceScanInterval: %s is not a positive duration" $plugin.deviceScanInterval) }}
+{{- fail (printf "devicePlugin.deviceScanInterval: %s is not a positive duration" $interval) }}
+{{- end }}
+{{- range $key := list "kubeletDevicePluginPath" "cdiRoot" }}
+{{- $path := get $plugin $key }}
+{{- if not (hasPrefix "/" $path) }}
+{{- fail (printf "devicePlugin.%s: %q is not an absolute path; give the host directory, such as %s" $key $path (ternary "/var/run/cdi" "/var/lib/kubelet/device-plugins" (eq $key "cdiRoot"))) }}
+{{- end }}
+{{- if regexMatch "(^|/)\\.\\.(/|$)" $path }}
+{{- fail (printf "devicePlugin.%s: %q contains '..'; give the directory itself" $key $path) }}
+{{- end }}
+{{- if contains "\x00" $path }}
+{{- fail (printf "devicePlugin.%s: the path contains a NUL character" $key) }}
+{{- end }}
+{{- end }}
+{{- if gt (len $plugin.kubeletDevicePluginPath) 61 }}
+{{- fail (printf "devicePlugin.kubeletDevicePluginPath: %d characters is too long; at most 61 leave room for the plugin's socket names within the 107-byte unix socket limit" (len $plugin.kubeletDevicePluginPath)) }}
+{{- end }}
+{{- with $plugin.otlpEndpoint }}
+{{- $host := "(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9]([-A-Za-z0-9._]*[A-Za-z0-9])?)" }}
+{{- $port := "([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])" }}
+{{- $url := printf "^(https?|grpcs?)://%s(:%s)?/?$" $host $port }}
+{{- $hostPort := printf "^%s:%s$" $host $port }}
+{{- if not (or (regexMatch $url .) (regexMatch $hostPort .)) }}
+{{- fail (printf "devicePlugin.otlpEndpoint: %q is neither host:port (port 1-65535, no TLS) nor a URL http(s)://host[:port] or grpc(s)://host[:port] without a path; for example otel-collector.observability:4317" .) }}
+{{- end }}
+{{- end }}
+{{- $container := $plugin.containers.plugin }}
+{{- range $kind, $quantities := ($container.resources | default dict) }}
+{{- if has $kind (list "limits" "requests") }}
+{{- range $resource, $quantity := $quantities }}
+{{- if not (regexMatch "^[+-]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?$" (toString $quantity)) }}
+{{- fail (printf "devicePlugin.containers.plugin.resources.%s.%s: %q is not a Kubernetes quantity (such as 256Mi, 1Gi, 500m or 2)" $kind $resource (toString $quantity)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $container.extraEnv }}
+{{- if and (has .name (list "SYSFS_ROOT" "DEV_ROOT" "RSD_LOCK_PATH")) (hasKey . "value") }}
+{{- if or (not (regexMatch "[!-~]" (toString .value))) (contains "\x00" (toString .value)) }}
+{{- fail (printf "devicePlugin.containers.plugin.extraEnv: %s is blank; give a path, or leave the entry out for the plugin's default" .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $metrics := $plugin.metrics }}
+{{- if and $metrics.otlp.enabled (not $plugin.otlpEndpoint) }}
+{{- fail "devicePlugin.metrics.otlp.enabled: OTLP metrics need devicePlugin.otlpEndpoint (the collector)" }}
+{{- end }}
+{{- $export := include "rbln-device-plugin.durationSeconds" $metrics.otlp.exportInterval | float64 }}
+{{- if or (gt $export 86400.0) (not (gt $export 0.0)) }}
+{{- fail (printf "devicePlugin.metrics.otlp.exportInterval: %s is not a positive duration of at most 24h" $metrics.otlp.exportInterval) }}
+{{- end }}
+{{- if and $metrics.service.enabled (not $metrics.prometheus.enabled) }}
+{{- fail "devicePlugin.metrics.service.enabled: the Service needs devicePlugin.metrics.prometheus.enabled" }}
+{{- end }}
+{{- if and $metrics.serviceMonitor.enabled (not $metrics.service.enabled) }}
+{{- fail "devicePlugin.metrics.serviceMonitor.enabled: the ServiceMonitor needs devicePlugin.metrics.service.enabled" }}
+{{- end }}
+{{- if and $metrics.prometheus.enabled (eq (int $metrics.prometheus.port) (int $plugin.containers.plugin.healthcheckPort)) }}
+{{- fail (printf "devicePlugin.metrics.prometheus.port: %d is already the health port (devicePlugin.containers.plugin.healthcheckPort)" (int $metrics.prometheus.port)) }}
+{{- end }}
+{{- $interval := include "rbln-device-plugin.durationSeconds" $metrics.serviceMonitor.interval | float64 }}
+{{- $timeout := include "rbln-device-plugin.durationSeconds" $metrics.serviceMonitor.scrapeTimeout | float64 }}
+{{- if gt $timeout $interval }}
+{{- fail (printf "devicePlugin.metrics.serviceMonitor.scrapeTimeout: %s is longer than the interval %s" $metrics.serviceMonitor.scrapeTimeout $metrics.serviceMonitor.interval) }}
 {{- end }}
 {{- $taken := dict "/dev" "the /dev mount" "/run/rbln" "the /run/rbln mount" "/host/usr/bin" "the host /usr/bin mount" }}
 {{- range $key := list "kubeletDevicePluginPath" "cdiRoot" }}

@@ -1,0 +1,117 @@
+"""What the daemon counts for operators, and the recorder every component is handed.
+
+Components call one method per event (an Allocate answered, an ``rbln-smi`` run, a scan)
+on the recorder they were given at construction. With metrics off that recorder is
+:class:`Metrics` itself, whose methods do nothing: the OpenTelemetry SDK, its exporters
+and the HTTP endpoint are not even imported then (they cost memory on every node). With
+either way out enabled, :func:`start` loads ``otel_metrics``, which records into the
+OpenTelemetry metrics API and serves or pushes the result.
+
+Labels stay bounded: resource names, result classes and subcommands are small fixed
+sets; only the per-device gauges carry a device's name, bus ID and NUMA node, one series
+per advertised device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from rbln_device_plugin.model.devicetable import Entry
+
+# Result classes, shared by the call sites and the README's metric table.
+OK: Final = "ok"
+# Allocate refusals and failures, in the order a request meets them.
+ALLOCATE_INVALID_REQUEST: Final = "invalid_request"  # refused before any host access
+ALLOCATE_UNHEALTHY: Final = "unhealthy_device"
+ALLOCATE_DEVICE_NODE: Final = "device_node"  # a device node missing or not a device
+ALLOCATE_RSD_LOCK: Final = "rsd_lock_timeout"
+ALLOCATE_RSD_GROUP: Final = "rsd_group"  # rbln-smi or the group's node failed
+ALLOCATE_INTERNAL: Final = "internal_error"
+PREFERRED_FALLBACK: Final = "fallback"  # an empty answer: the kubelet picks alone
+PREFERRED_INTERNAL: Final = "internal_error"
+SMI_ERROR: Final = "error"  # non-zero exit
+SMI_TIMEOUT: Final = "timeout"
+SMI_NOT_STARTED: Final = "not_started"
+SMI_OUTPUT_TOO_LARGE: Final = "output_too_large"
+SMI_CANCELLED: Final = "cancelled"
+LOCK_TIMEOUT: Final = "timeout"
+SCAN_DISCOVERY_FAILED: Final = "discovery_failed"
+REGISTRATION_FAILED: Final = "failed"
+
+
+class Metrics:
+    """The recorder with metrics off: every method is a no-op.
+
+    ``otel_metrics.OtelMetrics`` overrides each method. Call sites never check
+    ``enabled``; the no-op calls cost a method call and nothing else.
+    """
+
+    enabled = False
+
+    def allocation(self, resource: str, result: str, seconds: float) -> None:
+        """One Allocate call answered (``result`` = OK or an ALLOCATE_* class)."""
+
+    def preferred_allocation(
+        self, resource: str, result: str, seconds: float, *, capped: bool = False
+    ) -> None:
+        """One container request of GetPreferredAllocation answered."""
+
+    def rbln_smi_call(self, subcommand: str, result: str, seconds: float) -> None:
+        """One ``rbln-smi`` run finished (spawn to reap)."""
+
+    def rsd_lock_wait(self, result: str, seconds: float) -> None:
+        """Time spent waiting for the node-wide RSD lock file."""
+
+    def scan(self, result: str, seconds: float) -> None:
+        """One reconcile pass: discovery plus every plugin's update."""
+
+    def inventory_changes(self, resource: str, appeared: int, disappeared: int) -> None:
+        """Devices that entered or left a resource's advertised set since the last scan."""
+
+    def devices(self, resource: str, entries: Mapping[str, Entry] | None) -> None:
+        """The resource's devices as last published (None: the resource plugin stopped).
+
+        ``entries`` must not be mutated afterwards: collection reads it from another
+        thread (``DeviceTable`` replaces its mapping on each scan, never edits it).
+        """
+
+    def registration(self, resource: str, result: str) -> None:
+        """One Register call to the kubelet finished."""
+
+    def kubelet_restart(self) -> None:
+        """A new ``kubelet.sock`` was seen."""
+
+    def stream_opened(self, resource: str) -> None:
+        """A ListAndWatch stream opened on a resource plugin."""
+
+    def stream_closed(self, resource: str) -> None:
+        """A ListAndWatch stream ended."""
+
+    def host_read_stalled(self) -> None:
+        """A host read outlived its wait (the warn record ``Host access did not finish``)."""
+
+    async def shutdown(self) -> None:
+        """Stop the endpoint and flush the last push, bounded; never blocks the loop."""
+
+
+NOOP: Final = Metrics()
+
+
+def status_label(status: str) -> str:
+    """A bounded status label: ``UNKNOWN(n)`` for any n is ``UNKNOWN``."""
+    return "UNKNOWN" if status.startswith("UNKNOWN(") else status
+
+
+_SMI_SUBCOMMANDS: Final[Mapping[tuple[str, ...], str]] = {
+    ("-j",): "list",
+    ("-g", "-j"): "group_list",
+    ("group", "-c"): "group_create",
+    ("group", "-d"): "group_destroy",
+}
+
+
+def smi_subcommand(args: Sequence[str]) -> str:
+    """The bounded name of an ``rbln-smi`` invocation: list, group_list, group_create, ..."""
+    whole = tuple(args)
+    return _SMI_SUBCOMMANDS.get(whole) or _SMI_SUBCOMMANDS.get(whole[:2], "other")

@@ -1,0 +1,316 @@
+"""The recorder with metrics on: OpenTelemetry instruments, and the ways out.
+
+Loaded only when a metrics port or OTLP metrics are configured. One ``MeterProvider``
+feeds up to two readers: a pull reader rendered as Prometheus text on request (see
+``metrics_http``) and a periodic OTLP/gRPC push to the tracing collector. Both see the
+same instruments, so a scrape and a push carry the same data points.
+
+Collection runs on other threads (the push thread, the endpoint's render thread), so
+the observable instruments read only immutable snapshots that the event loop swaps in:
+each resource's device mapping (replaced, never edited, by every scan) and the log
+sink's drop counter. Pushing is best effort like tracing: an unreachable collector costs
+a queued export on the push thread and rate-limited warn records, never a wait here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
+from opentelemetry.sdk.resources import Resource
+
+from rbln_device_plugin import __version__
+from rbln_device_plugin.config import Config, format_duration
+from rbln_device_plugin.model.devicetable import Entry
+from rbln_device_plugin.telemetry import exposition, logs, tracing
+from rbln_device_plugin.telemetry.metrics import NOOP, Metrics, status_label
+from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint, MetricsEndpointError
+from rbln_device_plugin.waits import set_result_threadsafe
+
+PREFIX: Final = "rbln_device_plugin"
+SHUTDOWN_TIMEOUT_S: Final = 5.0
+# Seconds: from a fast sysfs read to the 5 s lock budget and the 10 s rbln-smi limit.
+DURATION_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+log = logs.get_logger()
+
+
+class OtelMetrics(Metrics):
+    enabled = True
+
+    def __init__(self, provider: MeterProvider, pull: InMemoryMetricReader | None) -> None:
+        self._provider = provider
+        self._pull = pull
+        self._render_lock = threading.Lock()
+        self._tables: dict[str, Mapping[str, Entry]] = {}
+        self.endpoint: MetricsEndpoint | None = None
+        meter = provider.get_meter(PREFIX, __version__)
+
+        def counter(name: str, unit: str, description: str) -> Any:
+            return meter.create_counter(f"{PREFIX}.{name}", unit, description)
+
+        def histogram(name: str, description: str) -> Any:
+            return meter.create_histogram(
+                f"{PREFIX}.{name}", "s", description,
+                explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+            )  # fmt: skip
+
+        self._allocations = counter(
+            "allocate.requests", "{request}", "Allocate calls answered, by resource and result"
+        )
+        self._allocate_seconds = histogram("allocate.duration", "Time to answer an Allocate call")
+        self._preferred = counter(
+            "preferred_allocation.requests",
+            "{request}",
+            "GetPreferredAllocation container requests answered, by resource and result",
+        )
+        self._preferred_seconds = histogram(
+            "preferred_allocation.duration", "Time to answer one preferred-allocation request"
+        )
+        self._capped = counter(
+            "preferred_allocation.capped",
+            "{search}",
+            "Preferred-allocation searches that reached the safety cap",
+        )
+        self._smi_calls = counter(
+            "rbln_smi.calls", "{call}", "rbln-smi runs, by subcommand and result"
+        )
+        self._smi_seconds = histogram("rbln_smi.duration", "Time of one rbln-smi run")
+        self._lock_wait = histogram("rsd_lock.wait", "Time waiting for the RSD lock file")
+        self._scan_seconds = histogram(
+            "scan.duration", "Time of one inventory scan, plugin updates included"
+        )
+        self._discovery_failures = counter(
+            "discovery.failures", "{scan}", "Scans whose discovery failed (zero devices reported)"
+        )
+        self._appeared = counter(
+            "devices.appeared", "{device}", "Devices that entered a resource's advertised set"
+        )
+        self._disappeared = counter(
+            "devices.disappeared", "{device}", "Devices that left a resource's advertised set"
+        )
+        self._registrations = counter(
+            "kubelet.registrations",
+            "{registration}",
+            "Register calls to the kubelet, by resource and result",
+        )
+        self._restarts = counter(
+            "kubelet.restarts", "{restart}", "Kubelet restarts seen (a new kubelet.sock)"
+        )
+        self._streams = meter.create_up_down_counter(
+            f"{PREFIX}.list_and_watch.streams", "{stream}",
+            "ListAndWatch streams open, by resource")  # fmt: skip
+        self._stalls = counter(
+            "host_reads.stalled",
+            "{read}",
+            "Host reads that outlived their wait (a stuck sysfs or /dev file)",
+        )
+        meter.create_observable_counter(
+            f"{PREFIX}.log.records_dropped", [self._observe_dropped], "{record}",
+            "Log records dropped because stdout was blocked")  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.devices", [self._observe_counts], "{device}",
+            "Advertised devices, by resource and health")  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.device.status", [self._observe_status], "",
+            "1 for each advertised device, labelled with its current status")  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.device.healthy", [self._observe_healthy], "",
+            "1 when the device is Healthy, 0 when Unhealthy")  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.build.info", [self._observe_build], "",
+            "Always 1; the plugin's version as a label")  # fmt: skip
+
+        # Counters without labels start at 0, so the first event is an increase in PromQL.
+        for unlabelled in (self._discovery_failures, self._restarts, self._stalls):
+            unlabelled.add(0)
+
+    # ------------------------------------------------------------- events (event loop)
+    def allocation(self, resource: str, result: str, seconds: float) -> None:
+        labels = {"resource": resource, "result": result}
+        self._allocations.add(1, labels)
+        self._allocate_seconds.record(seconds, labels)
+
+    def preferred_allocation(
+        self, resource: str, result: str, seconds: float, *, capped: bool = False
+    ) -> None:
+        labels = {"resource": resource, "result": result}
+        self._preferred.add(1, labels)
+        self._preferred_seconds.record(seconds, labels)
+        if capped:
+            self._capped.add(1, {"resource": resource})
+
+    def rbln_smi_call(self, subcommand: str, result: str, seconds: float) -> None:
+        labels = {"subcommand": subcommand, "result": result}
+        self._smi_calls.add(1, labels)
+        self._smi_seconds.record(seconds, labels)
+
+    def rsd_lock_wait(self, result: str, seconds: float) -> None:
+        self._lock_wait.record(seconds, {"result": result})
+
+    def scan(self, result: str, seconds: float) -> None:
+        self._scan_seconds.record(seconds, {"result": result})
+        if result != "ok":
+            self._discovery_failures.add(1)
+
+    def inventory_changes(self, resource: str, appeared: int, disappeared: int) -> None:
+        if appeared:
+            self._appeared.add(appeared, {"resource": resource})
+        if disappeared:
+            self._disappeared.add(disappeared, {"resource": resource})
+
+    def devices(self, resource: str, entries: Mapping[str, Entry] | None) -> None:
+        # Copy on write: a collecting thread holds the old mapping, never a changing one.
+        tables = {name: known for name, known in self._tables.items() if name != resource}
+        if entries is not None:
+            tables[resource] = entries
+        self._tables = tables
+
+    def registration(self, resource: str, result: str) -> None:
+        self._registrations.add(1, {"resource": resource, "result": result})
+
+    def kubelet_restart(self) -> None:
+        self._restarts.add(1)
+
+    def stream_opened(self, resource: str) -> None:
+        self._streams.add(1, {"resource": resource})
+
+    def stream_closed(self, resource: str) -> None:
+        self._streams.add(-1, {"resource": resource})
+
+    def host_read_stalled(self) -> None:
+        self._stalls.add(1)
+
+    # ------------------------------------------------------------- collection (any thread)
+    def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:
+        return list(self._tables.items())  # the loop replaces the dict, never edits it
+
+    def _observe_counts(self, _: CallbackOptions) -> Iterable[Observation]:
+        for resource, entries in self._snapshot():
+            healthy = sum(1 for entry in entries.values() if entry.healthy)
+            yield Observation(healthy, {"resource": resource, "health": "Healthy"})
+            yield Observation(len(entries) - healthy, {"resource": resource,
+                                                       "health": "Unhealthy"})  # fmt: skip
+
+    def _observe_status(self, _: CallbackOptions) -> Iterable[Observation]:
+        for resource, entries in self._snapshot():
+            for entry in entries.values():
+                status = status_label(entry.verdict.status)
+                yield Observation(1, {**_device_labels(resource, entry), "status": status})
+
+    def _observe_healthy(self, _: CallbackOptions) -> Iterable[Observation]:
+        for resource, entries in self._snapshot():
+            for entry in entries.values():
+                yield Observation(int(entry.healthy), _device_labels(resource, entry))
+
+    def _observe_dropped(self, _: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(logs.dropped_total())
+
+    def _observe_build(self, _: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(1, {"version": __version__})
+
+    def render(self) -> str:
+        """The Prometheus exposition of everything recorded so far (thread-safe)."""
+        assert self._pull is not None
+        with self._render_lock:
+            return exposition.render(self._pull.get_metrics_data())
+
+    # ------------------------------------------------------------- lifecycle
+    async def shutdown(self) -> None:
+        if self.endpoint is not None:
+            await self.endpoint.stop()
+        provider = self._provider
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def flush_and_close() -> None:
+            try:
+                provider.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_S * 1000)
+            except Exception as exc:
+                log.warning("OpenTelemetry SDK error", component="otel", err=exc)
+            finally:
+                set_result_threadsafe(loop, done, None)
+
+        # A daemon thread: a push stuck on an unreachable collector must not hold the exit.
+        threading.Thread(target=flush_and_close, name="otel-metrics-shutdown", daemon=True).start()
+        try:
+            await asyncio.wait_for(done, SHUTDOWN_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "OpenTelemetry SDK error", component="otel",
+                err=f"metrics flush did not finish within {SHUTDOWN_TIMEOUT_S:g}s; dropped",
+            )  # fmt: skip
+
+
+def _device_labels(resource: str, entry: Entry) -> dict[str, str]:
+    device = entry.device
+    return {
+        "resource": resource,
+        "device": device.name,
+        "pci_bus_id": device.bus_id,
+        "numa_node": str(device.numa) if device.numa is not None else "unknown",
+    }
+
+
+def _otlp_reader(config: Config) -> MetricReader:
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    endpoint = tracing.parse_endpoint(config.otlp_endpoint)
+    exporter = OTLPMetricExporter(
+        endpoint=endpoint.target, insecure=endpoint.insecure, timeout=tracing.EXPORT_TIMEOUT_S
+    )
+    log.info(
+        "OTLP metrics enabled",
+        endpoint=endpoint.target, insecure=endpoint.insecure,
+        exportInterval=format_duration(config.metrics_export_interval),
+    )  # fmt: skip
+    return PeriodicExportingMetricReader(
+        exporter,
+        export_interval_millis=config.metrics_export_interval * 1000,
+        export_timeout_millis=tracing.EXPORT_TIMEOUT_S * 1000,
+    )
+
+
+async def start(config: Config) -> Metrics:
+    readers: list[MetricReader] = []
+    pull = InMemoryMetricReader() if config.metrics_endpoint_enabled else None
+    if pull is not None:
+        readers.append(pull)
+    if config.metrics_otlp:
+        readers.append(_otlp_reader(config))
+    resource = Resource.create(
+        {
+            "service.name": tracing.SERVICE_NAME,
+            "service.version": __version__,
+            "k8s.node.name": config.node_name,
+        }
+    )
+    # No atexit hook: an unreachable collector would hold the exiting process for seconds.
+    provider = MeterProvider(
+        resource=resource,
+        metric_readers=readers,
+        shutdown_on_exit=False,
+        # No exemplars: no spans to link them to, and the filter costs on every measurement.
+        exemplar_filter=AlwaysOffExemplarFilter(),
+    )
+    recorder = OtelMetrics(provider, pull)
+    if pull is not None:
+        endpoint = MetricsEndpoint(config.metrics_port, recorder.render)
+        try:
+            await endpoint.start()
+        except MetricsEndpointError as exc:
+            log.error("Cannot start metrics endpoint; continuing without it", err=exc)
+        else:
+            recorder.endpoint = endpoint
+    if recorder.endpoint is None and not config.metrics_otlp:
+        await recorder.shutdown()  # no way out is left: record nothing at all
+        return NOOP
+    return recorder

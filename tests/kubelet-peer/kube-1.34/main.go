@@ -1,0 +1,119 @@
+// The device manager of Kubernetes 1.34, driven by the shared peer protocol.
+package main
+
+import (
+	cadvisorapi "github.com/google/cadvisor/info/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/kubernetes/pkg/features"
+	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+
+	"kubeletpeer/peer"
+)
+
+type kubelet struct {
+	topology topologymanager.Manager
+	devices  *devicemanager.ManagerImpl
+	updates  chan []string
+}
+
+// Start wires the managers as container_manager_linux.go's NewContainerManager and
+// Start do: topology manager, device manager as its hint provider, then Start.
+func (k *kubelet) Start(numaNodes []int, policy string, activePods func() []*v1.Pod) error {
+	machine := make([]cadvisorapi.Node, 0, len(numaNodes))
+	for _, id := range numaNodes {
+		machine = append(machine, cadvisorapi.Node{Id: id})
+	}
+	tm, err := topologymanager.NewManager(machine, policy, "container", nil)
+	if err != nil {
+		return err
+	}
+	dm, err := devicemanager.NewManagerImpl(machine, tm)
+	if err != nil {
+		return err
+	}
+	tm.AddHintProvider(dm)
+	k.topology, k.devices = tm, dm
+	k.updates = make(chan []string)
+	go func() {
+		for update := range dm.Updates() {
+			k.updates <- update.PodUIDs
+		}
+	}()
+	return dm.Start(devicemanager.ActivePodsFunc(activePods), peer.SourcesReady{},
+		containermap.NewContainerMap(), sets.New[string]())
+}
+
+func (k *kubelet) Admit(pod *v1.Pod, others []*v1.Pod) peer.Admission {
+	result := k.topology.Admit(&lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: others})
+	return peer.Admission{Admit: result.Admit, Reason: result.Reason, Message: result.Message}
+}
+
+func (k *kubelet) RunContainerOptions(pod *v1.Pod, container *v1.Container) (any, error) {
+	return k.devices.GetDeviceRunContainerOptions(pod, container)
+}
+
+func (k *kubelet) Capacity() peer.Capacity {
+	capacity, allocatable, deleted := k.devices.GetCapacity()
+	c := peer.Capacity{Capacity: map[string]int64{}, Allocatable: map[string]int64{}, Deleted: deleted}
+	for name, q := range capacity {
+		c.Capacity[string(name)] = q.Value()
+	}
+	for name, q := range allocatable {
+		c.Allocatable[string(name)] = q.Value()
+	}
+	return c
+}
+
+func hint(h topologymanager.TopologyHint) peer.Hint {
+	out := peer.Hint{Preferred: h.Preferred}
+	if h.NUMANodeAffinity != nil {
+		out.NUMANodes = h.NUMANodeAffinity.GetBits()
+	}
+	return out
+}
+
+func (k *kubelet) TopologyHints(pod *v1.Pod, container *v1.Container) map[string][]peer.Hint {
+	out := map[string][]peer.Hint{}
+	for resource, hints := range k.devices.GetTopologyHints(pod, container) {
+		out[resource] = []peer.Hint{}
+		for _, h := range hints {
+			out[resource] = append(out[resource], hint(h))
+		}
+	}
+	return out
+}
+
+func (k *kubelet) Affinity(podUID, container string) peer.Hint {
+	return hint(k.topology.GetAffinity(podUID, container))
+}
+
+func (k *kubelet) ContainerDevices(podUID, container string) map[string][]peer.Device {
+	return peer.Devices(k.devices.GetDevices(podUID, container))
+}
+
+func (k *kubelet) AllocatableDevices() map[string][]peer.Device {
+	return peer.Devices(k.devices.GetAllocatableDevices())
+}
+
+func (k *kubelet) UpdateAllocatedDevices() { k.devices.UpdateAllocatedDevices() }
+
+// AllocatedResourcesStatus: the kubelet's status path calls it only with the gate on
+// (kubelet_pods.go); in 1.34 the gate is alpha, off.
+func (k *kubelet) AllocatedResourcesStatus(pod *v1.Pod, status *v1.PodStatus) bool {
+	if !utilfeature.DefaultFeatureGate.Enabled(features.ResourceHealthStatus) {
+		return false
+	}
+	k.devices.UpdateAllocatedResourcesStatus(pod, status)
+	return true
+}
+
+func (k *kubelet) PodUpdates() <-chan []string { return k.updates }
+
+func (k *kubelet) Stop() error { return k.devices.Stop() }
+
+func main() { peer.Main(&kubelet{}) }

@@ -1,0 +1,161 @@
+"""What an operator reads when the kubelet or discovery is away: said once, and once more
+when it is back. The real daemon against a simulated node, with and without a kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from rbln_device_plugin.api import KUBELET_SOCKET
+from rbln_device_plugin.runtime.kubeletdir import FOUND_MSG, MISSING_MSG
+from rbln_device_plugin_sim.kubelet import KubeletStub
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.state import Fault
+
+from .daemon_process import DaemonProcess
+from .fault_helpers import NPU, VF1, VF4, next_reconcile
+
+REG_FAILED = "Device plugin registration failed; retrying next scan"
+REGISTERED = "Registered device plugin with kubelet"
+DISCOVERY_FAILED = "Device discovery failed; reporting zero devices until it recovers"
+RECOVERED = "Device discovery recovered"
+SRIOV = (NPU, VF1, VF4)
+
+
+@asynccontextmanager
+async def node_without_kubelet(layout: str) -> AsyncIterator[SimNode]:
+    root = short_tempdir()
+    try:
+        yield materialize(preset(layout), root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def by_resource(records: list[dict[str, object]]) -> dict[object, int]:
+    counts: dict[object, int] = {}
+    for record in records:
+        counts[record["resourceName"]] = counts.get(record["resourceName"], 0) + 1
+    return counts
+
+
+async def test_no_kubelet_is_one_error_per_resource_and_reason_then_one_record_on_success() -> None:
+    async with node_without_kubelet("rebel-sriov") as node:
+        daemon = DaemonProcess(node.daemon_args("200ms"))
+        try:
+            # Several scans, each retrying every registration.
+            for _ in range(4):
+                await next_reconcile(daemon)
+            await daemon.await_log(REG_FAILED, where=lambda r: r["failedAttempts"] >= 3)
+            errors = [r for r in daemon.find(REG_FAILED) if r["level"] == "error"]
+            assert by_resource(errors) == dict.fromkeys(SRIOV, 1), errors
+            assert all("No such file or directory" in str(r["err"]) for r in errors)
+
+            # A new reason (something listens nowhere at kubelet.sock) is said once more.
+            dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            dead.bind(str(node.kubelet_dir / KUBELET_SOCKET))
+            try:
+                await daemon.await_log(
+                    REG_FAILED, where=lambda r: "Connection refused" in str(r["err"]), count=3
+                )
+                for _ in range(3):
+                    await next_reconcile(daemon)
+            finally:
+                dead.close()
+                (node.kubelet_dir / KUBELET_SOCKET).unlink()
+            errors = [r for r in daemon.find(REG_FAILED) if r["level"] == "error"]
+            assert by_resource(errors) == dict.fromkeys(SRIOV, 2), errors
+
+            async with KubeletStub(node.kubelet_dir) as kubelet:
+                for resource in SRIOV:
+                    await kubelet.wait_for(resource)
+                registered = await daemon.await_log(REGISTERED, count=3)
+                await next_reconcile(daemon)
+        finally:
+            assert await asyncio.to_thread(daemon.stop) == 0
+    assert by_resource(registered) == dict.fromkeys(SRIOV, 1)
+    failed_before = {r["resourceName"]: r["failedAttempts"] for r in registered}
+    last_failure = {r["resourceName"]: r["failedAttempts"] for r in daemon.find(REG_FAILED)}
+    assert failed_before == last_failure  # every failed attempt is counted, none invented
+    # Each failure is an error only when its reason differs from the one before; the
+    # repeats are kept at debug: there when asked for, silent at info.
+    previous: dict[object, object] = {}
+    for record in daemon.find(REG_FAILED):
+        said_before = previous.get(record["resourceName"]) == record["err"]
+        assert record["level"] == ("debug" if said_before else "error"), record
+        previous[record["resourceName"]] = record["err"]
+
+
+async def test_a_registration_that_never_failed_carries_no_failure_count() -> None:
+    async with node_without_kubelet("rebel-4") as node, KubeletStub(node.kubelet_dir):
+        daemon = DaemonProcess(node.daemon_args("200ms"))
+        try:
+            (record,) = await daemon.await_log(REGISTERED)
+        finally:
+            assert await asyncio.to_thread(daemon.stop) == 0
+    assert "failedAttempts" not in record
+    assert not daemon.find(REG_FAILED)
+
+
+async def test_discovery_recovery_is_one_info_record_naming_the_failed_scans() -> None:
+    async with node_without_kubelet("rebel-4") as node:
+        node.inject_fault(Fault("error", ("list",), remaining=3))
+        async with KubeletStub(node.kubelet_dir) as kubelet:
+            daemon = DaemonProcess(node.daemon_args("200ms"), level="info")
+            try:
+                (recovered,) = await daemon.await_log(RECOVERED)
+                await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+                node.inject_fault(Fault("error", ("list",), remaining=1))
+                await daemon.await_log(RECOVERED, count=2)
+            finally:
+                assert await asyncio.to_thread(daemon.stop) == 0
+    assert recovered["level"] == "info"
+    assert recovered["failedScans"] == 3 == len(daemon.find(DISCOVERY_FAILED)) - 1
+    assert recovered["deviceCount"] == 4
+    assert [r["failedScans"] for r in daemon.find(RECOVERED)] == [3, 1]
+    # The recovery comes after the last failure and before the registration it allows.
+    messages = [r["msg"] for r in daemon.records]
+    assert messages.index(RECOVERED) > messages.index(DISCOVERY_FAILED)
+    assert messages.index(RECOVERED) < messages.index(REGISTERED)
+
+
+async def test_a_missing_kubelet_directory_is_waited_for_once_and_never_created() -> None:
+    async with node_without_kubelet("rebel-4") as node:
+        node.kubelet_dir.rmdir()
+        daemon = DaemonProcess(node.daemon_args("200ms"), level="info")
+        try:
+            (missing,) = await daemon.await_log(MISSING_MSG)
+            # Before this change the daemon made the directory before it could log a
+            # record; now nothing makes it while the daemon waits.
+            assert not node.kubelet_dir.exists()
+            assert not [r for r in daemon.records if r["msg"] == REG_FAILED]
+            async with KubeletStub(node.kubelet_dir) as kubelet:  # the kubelet makes it
+                (found,) = await daemon.await_log(FOUND_MSG)
+                await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        finally:
+            assert await asyncio.to_thread(daemon.stop) == 0
+    assert missing["level"] == "warn" and missing["path"] == str(node.kubelet_dir)
+    assert found["level"] == "info" and found["path"] == str(node.kubelet_dir)
+    assert len(daemon.find(MISSING_MSG)) == 1
+
+
+async def test_debug_shows_no_grpc_loop_notices() -> None:
+    async with (
+        node_without_kubelet("rebel-sriov") as node,
+        KubeletStub(node.kubelet_dir) as kubelet,
+    ):
+        daemon = DaemonProcess(node.daemon_args("200ms"), level="debug")
+        try:
+            for resource in SRIOV:
+                await kubelet.wait_for(resource)
+            await kubelet.allocate(NPU, [["rbln2"]])
+            await next_reconcile(daemon)
+        finally:
+            assert await asyncio.to_thread(daemon.stop) == 0
+    grpc_records = [r for r in daemon.records if r.get("component") == "grpc"]
+    assert not [r for r in grpc_records if "Loaded running loop" in r["msg"]]
+    # gRPC's other debug records still come through.
+    assert any("AsyncIOEngine" in r["msg"] for r in grpc_records), grpc_records
