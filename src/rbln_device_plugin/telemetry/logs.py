@@ -168,6 +168,7 @@ def dropped_total() -> int:
     """Records the installed sink has dropped because stdout was blocked."""
     return _sink.dropped_total if _sink is not None else 0
 
+
 def last_words(message: str, timeout: float, **fields: Any) -> None:
     """One warn record and a bounded flush, from a signal handler just before ``os._exit``.
 
