@@ -50,7 +50,7 @@ from rbln_device_plugin.telemetry.logs import get_logger
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 SHUTDOWN_BUDGET_S: Final = 4.0
 # The last record before an immediate exit gets this long to reach stdout.
-IMMEDIATE_EXIT_FLUSH_S: Final = 0.5
+IMMEDIATE_EXIT_FLUSH_S: Final = 1.0
 
 log = get_logger()
 
