@@ -1,9 +1,12 @@
 """Shared fixtures: short temporary directories (unix socket paths are limited to 107
-bytes, so pytest's deep tmp_path is not always usable) and a daemon subprocess runner."""
+bytes, so pytest's deep tmp_path is not always usable) and a loaded machine."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,3 +72,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             say(f"kubelet peer {version}: cached binary {build.binary}")
         else:
             say(f"kubelet peer {version}: built {build.binary} in {build.seconds:.0f} s")
+
+
+@pytest.fixture
+def loaded_machine() -> Iterator[int]:
+    """One busy-loop process per core for the test's duration: timing bounds that only
+    hold on an idle machine fail here. Yields the number of busy processes."""
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield len(busy)
+    finally:
+        for process in busy:
+            process.kill()
+        for process in busy:
+            process.wait()

@@ -45,6 +45,8 @@ class DaemonProcess:
         self._cond = threading.Condition()
         self._reading = threading.Event()  # cleared: stdout is left unread (a stalled collector)
         self._reading.set()
+        self._reading_err = threading.Event()  # cleared: stderr is left unread
+        self._reading_err.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._err_reader = threading.Thread(target=self._read_err, daemon=True)
@@ -64,7 +66,11 @@ class DaemonProcess:
 
     def _read_err(self) -> None:
         assert self.proc.stderr is not None
-        self.stderr = self.proc.stderr.read()
+        for line in self.proc.stderr:
+            self._reading_err.wait()
+            with self._cond:
+                self.stderr += line
+                self._cond.notify_all()
 
     def pause_reading(self) -> None:
         """Stop draining stdout: once the pipe buffer is full, the daemon's writes block."""
@@ -72,6 +78,13 @@ class DaemonProcess:
 
     def resume_reading(self) -> None:
         self._reading.set()
+
+    def pause_stderr(self) -> None:
+        """Stop draining stderr: once the pipe buffer is full, writes to it block."""
+        self._reading_err.clear()
+
+    def resume_stderr(self) -> None:
+        self._reading_err.set()
 
     # ``msg=None`` matches records by their fields alone (messages outside the README's
     # catalogue are not the contract; their fields are).

@@ -27,7 +27,7 @@ import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
-from rbln_device_plugin.runtime.instancelock import LOCK_NAME
+from rbln_device_plugin.runtime.instancelock import LEGACY_LOCK_NAME, LOCK_DIR
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import Layout, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
@@ -116,8 +116,9 @@ def expected_sockets(resources: Iterable[str]) -> list[str]:
 
 
 def expected_entries(resources: Iterable[str]) -> list[str]:
-    """The kubelet directory of a running daemon: sockets plus its instance lock file."""
-    return sorted([*expected_sockets(resources), LOCK_NAME])
+    """The kubelet directory of a running daemon: sockets, its lock directory and the lock
+    file older versions use (held too, so they wait for this one)."""
+    return sorted([*expected_sockets(resources), LOCK_DIR, LEGACY_LOCK_NAME])
 
 
 def lock_is_free(path: Path) -> bool:

@@ -245,3 +245,32 @@ def _assert_lock_free(path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+async def test_a_driver_reload_between_scans_never_hands_out_a_wrong_device() -> None:
+    # No periodic scan within the test: the daemon's snapshot stays the pre-reload one.
+    async with running("rebel-4", interval="1h") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        before = {d.name: d.bus_id for d in h.node.layout.devices}
+        scans = len(h.daemon.find("Reconciled device inventory"))
+        h.node.renumber({"rbln0": "rbln1", "rbln1": "rbln0"})
+        message = await rejected(h, NPU, [["rbln0", "rbln2"]])
+        assert "rbln0" in message and before["rbln0"] in message and before["rbln1"] in message
+        assert groups(h) == {}  # no group was touched
+        (record,) = await h.daemon.await_log(
+            "Device mapping changed since the last scan; allocation refused, rescanning"
+        )
+        assert record["level"] == "error" and record["device"] == "rbln0"
+        assert record["snapshotBusID"] == before["rbln0"]
+        assert record["currentBusID"] == before["rbln1"]
+        # The refusal asked for a scan; after it the same request gets the right devices.
+        await h.daemon.await_log("Reconciled device inventory", count=scans + 1)
+        response = await h.kubelet.allocate(NPU, [["rbln0", "rbln2"]])
+        (container,) = response.container_responses
+        (gid,) = groups(h)
+        assert groups(h)[gid] == ["rbln0", "rbln2"]  # rbln-smi's names, after the reload
+        dev = h.node.dev_root
+        assert [s[1] for s in specs(container)] == [str(dev / f"rsd{gid}"), str(dev / "rbln0"),
+                                                    str(dev / "rbln2")]  # fmt: skip
+        errors = [r for r in h.daemon.records if r.get("level") == "error"]
+        assert errors == [record]

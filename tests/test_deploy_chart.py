@@ -186,8 +186,9 @@ VALUES_FILES: Mapping[str, dict[str, Any]] = {
 ALL_VARIANTS = (*VARIANTS, *VALUES_FILES)
 
 # Variables the CLI reads that the chart leaves at their defaults on purpose: the mounts put
-# sysfs, /dev and rbln-smi where the defaults look. extraEnv can still set them.
-LEFT_AT_DEFAULT = {"SYSFS_ROOT", "DEV_ROOT", "RBLN_SMI_PATH", "RSD_LOCK_PATH"}
+# sysfs, /dev and rbln-smi where the defaults look; the scan stall limit's default is the
+# liveness rule the chart's probe is tuned to. extraEnv can still set them.
+LEFT_AT_DEFAULT = {"SYSFS_ROOT", "DEV_ROOT", "RBLN_SMI_PATH", "SCAN_STALL_LIMIT"}
 # Test only (the simulated node): the chart never sets it and refuses it in extraEnv.
 TEST_ONLY = {"RBLN_TEST_FILE_DEVICE_NODES"}
 
@@ -399,8 +400,15 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
     assert container["securityContext"] == {"privileged": True}
     assert container["livenessProbe"] == {
         "grpc": {"port": 51515, "service": "liveness"},
-        "failureThreshold": 3,
+        "timeoutSeconds": 5,
         "periodSeconds": 10,
+        "failureThreshold": 3,
+    }
+    assert container["readinessProbe"] == {
+        "grpc": {"port": 51515, "service": "readiness"},
+        "timeoutSeconds": 5,
+        "periodSeconds": 10,
+        "failureThreshold": 3,
     }
     assert env_of(container) == {
         "CDI_ROOT": "/var/run/cdi",
@@ -414,6 +422,7 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
         "METRICS_PORT": "-1",
         "METRICS_OTLP": "false",
         "METRICS_EXPORT_INTERVAL": "60s",
+        "RSD_LOCK_PATH": "/run/rbln/rsd-group.lock",
     }
     assert container["ports"] == [{"name": "health", "containerPort": 51515, "protocol": "TCP"}]
     assert host_mounts(ds) == {
@@ -599,6 +608,7 @@ def test_health_port_below_one_drops_probe_and_port(helm: Helm, port: int) -> No
     )
     assert env_of(container)["HEALTHCHECK_PORT"] == str(port)
     assert "livenessProbe" not in container
+    assert "readinessProbe" not in container
     assert "ports" not in container
 
 
@@ -1033,3 +1043,134 @@ def test_passed_through_objects_take_exactly_the_kubernetes_fields(path: str) ->
     )["$defs"]
     kubernetes_fields = set(definitions[PASSED_THROUGH[path]]["properties"])
     assert set(schema_at(path)["properties"]) == kubernetes_fields
+
+
+# ---------------------------------------------------------------- probes and the RSD lock
+def _probe_services(container: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        kind: container[kind]["grpc"]["service"]
+        for kind in ("livenessProbe", "readinessProbe")
+        if kind in container
+    }
+
+
+@pytest.mark.parametrize(
+    ("strategy", "readiness"),
+    [
+        ({"type": "RollingUpdate"}, True),
+        ({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2, "maxSurge": 0}}, True),
+        ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "0%"}}, True),
+        ({"type": "OnDelete"}, True),
+        ({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}, False),
+        (
+            {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "10%"}},
+            False,
+        ),
+    ],
+)
+def test_a_surge_rollout_has_no_readiness_probe_to_deadlock_on(
+    helm: Helm, strategy: dict[str, Any], readiness: bool
+) -> None:
+    # With maxSurge the controller deletes the old pod only once the new one is ready, and
+    # the new one serves only once the old one is gone: a readiness probe would hold both.
+    manifest = helm.template(values={"devicePlugin": {"updateStrategy": strategy}})
+    services = _probe_services(plugin_container(daemonset(manifest)))
+    expected = {"livenessProbe": "liveness"}
+    if readiness:
+        expected["readinessProbe"] = "readiness"
+    assert services == expected
+
+
+def _container_to_host(ds: Mapping[str, Any], path: str) -> tuple[str, bool]:
+    """The host path behind a container path, through the pod's hostPath mounts."""
+    for mount, (host, read_only) in sorted(host_mounts(ds).items(), key=lambda m: -len(m[0])):
+        if path == mount or path.startswith(mount.rstrip("/") + "/"):
+            return host + path[len(mount.rstrip("/")) :], read_only
+    raise AssertionError(f"{path} is inside the container only: no hostPath mount holds it")
+
+
+def _without(args: Sequence[str], *flags: str) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+async def test_the_charts_probes_mean_alive_and_ready_on_the_real_daemon(
+    rendered: dict[str, str],
+) -> None:
+    """Two pods of the chart on one node: the second waits, alive but not ready."""
+    from rbln_device_plugin_sim.kubelet import KubeletStub
+    from rbln_device_plugin_sim.layout import preset
+    from rbln_device_plugin_sim.node import materialize, short_tempdir
+
+    ds = daemonset(rendered["default"])
+    services = _probe_services(plugin_container(ds))
+    assert services == {"livenessProbe": "liveness", "readinessProbe": "readiness"}
+    env = literal_env(rendered["default"])
+    env["RBLN_DEVICE_PLUGIN_LOG_FORMAT"] = "json"  # what DaemonProcess parses
+    root = short_tempdir()
+    node = materialize(preset("rebel-4"), root)
+    # The node's host paths replace the chart's; the health port is picked per pod.
+    args = [*_without(node.daemon_args(), "--healthcheck-port", "--rsd-lock-path")]
+    args += ["--healthcheck-port", "0"]
+    env["RSD_LOCK_PATH"] = str(
+        node.root / "host" / _container_to_host(ds, env["RSD_LOCK_PATH"])[0].lstrip("/")
+    )
+    async with KubeletStub(node.kubelet_dir) as kubelet:
+        first = DaemonProcess(args, env=env)
+        second: DaemonProcess | None = None
+        try:
+            await kubelet.wait_for("rebellions.ai/npu", lambda v: len(v.devices) == 4)
+            second = DaemonProcess(args, env=env)
+            ports = {}
+            for name, daemon in (("first", first), ("second", second)):
+                (record,) = await daemon.await_log("Started healthcheck service")
+                ports[name] = int(str(record["address"]).rsplit(":", 1)[1])
+            await second.await_log(
+                "Another rbln-device-plugin instance serves this kubelet directory; "
+                "waiting for it to exit"
+            )
+            assert await _check(ports["second"], services["livenessProbe"]) == "SERVING"
+            assert await _check(ports["second"], services["readinessProbe"]) == "NOT_SERVING"
+            assert await _check(ports["first"], services["livenessProbe"]) == "SERVING"
+            assert await _check(ports["first"], services["readinessProbe"]) == "SERVING"
+            # The RSD lock is the host file the chart names, shared by both pods.
+            await kubelet.allocate("rebellions.ai/npu", [["rbln0"]])
+            assert Path(env["RSD_LOCK_PATH"]).is_file()
+        finally:
+            first.kill()
+            if second is not None:
+                second.kill()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def _check(port: int, service: str) -> str:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def test_the_rsd_lock_is_a_host_file_every_instance_on_the_node_shares(
+    rendered: dict[str, str],
+) -> None:
+    # A lock inside the container would serialise only this pod's own allocations: a surge
+    # successor, or an rbln-smi orphaned by a killed pod, would not see it.
+    for variant in ("default", "custom", "go-values"):
+        ds = daemonset(rendered[variant])
+        path = literal_env(rendered[variant])["RSD_LOCK_PATH"]
+        host, read_only = _container_to_host(ds, path)
+        assert host == "/run/rbln/rsd-group.lock" and not read_only

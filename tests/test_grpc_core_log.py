@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import textwrap
 
+from rbln_device_plugin.telemetry import grpc_relay
 from rbln_device_plugin.telemetry.grpc_relay import MAX_LINE_BYTES
 
 _CHILD = textwrap.dedent(
@@ -78,3 +80,63 @@ def test_an_over_long_line_is_cut_and_the_next_line_is_intact() -> None:
 def test_a_last_line_without_newline_is_still_relayed() -> None:
     records, _ = relay("E1130 13:14:32.1 1 a.cc:1] no newline")
     assert [r["msg"] for r in records] == ["no newline"]
+
+
+_FLOOD = textwrap.dedent(
+    """
+    import os, sys, time
+    from rbln_device_plugin.telemetry import grpc_relay, logs
+
+    logs.install(os.environ)
+    relay = grpc_relay.install()
+    assert relay is not None
+    line = b"raw C-core text that is not an abseil line " + b"x" * 40 + b"\\n"
+    for _ in range(int(sys.argv[1])):
+        while True:
+            try:
+                os.write(2, line)
+                break
+            except BlockingIOError:  # the relay's pipe is full for a moment
+                time.sleep(0.001)
+    print("written", flush=True)
+    sys.stdin.readline()  # the test drains stderr now
+    relay.stop()
+    logs.flush()
+    """
+)
+
+
+def test_a_blocked_stderr_makes_the_relay_drop_and_count_lines_not_wait() -> None:
+    lines = 5000  # far more than the pipe and the relay's queue hold
+    child = subprocess.Popen(
+        [sys.executable, "-c", _FLOOD, str(lines)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info", "PATH": "/usr/bin:/bin"},
+    )
+    assert child.stdout is not None and child.stderr is not None and child.stdin is not None
+    try:
+        # Nobody reads the child's stderr yet: a relay that waited for it would stop
+        # reading fd 2, and these writes would never finish (generous guard).
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        assert ready, "writing to fd 2 blocked behind the unread stderr"
+        assert child.stdout.readline() == "written\n"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        stderr = child.stderr.read()
+        records = [json.loads(line) for line in child.stdout.read().splitlines()]
+        assert child.wait(30) == 0
+    finally:
+        child.kill()
+    notices = [r for r in records if r["msg"] == grpc_relay.DROPPED_MSG]
+    assert notices and all(r["level"] == "warn" and r["component"] == "grpc" for r in notices)
+    dropped = sum(r["droppedLines"] for r in notices)
+    copied = stderr.count("raw C-core text")
+    # Every line is either copied or counted, except what the relay had not read yet
+    # when it was stopped (it gets 1 s for that).
+    assert dropped > 0 and copied > 0 and copied + dropped <= lines
+    for notice in notices:
+        count = notice["droppedLines"]
+        assert f"{count} gRPC stderr lines dropped while stderr was blocked" in stderr

@@ -21,18 +21,23 @@ async def check(port: int, service: str) -> int:
         return int(response.status)
 
 
-async def test_not_serving_until_ready_then_serving() -> None:
+async def test_alive_from_the_start_ready_only_when_told() -> None:
     service = HealthService(0)
     await service.start()
     try:
         assert service.port
-        assert await check(service.port, "") == NOT_SERVING
-        assert await check(service.port, "liveness") == NOT_SERVING
-        await service.set_serving(True)
-        assert await check(service.port, "") == SERVING
         assert await check(service.port, "liveness") == SERVING
-        await service.set_serving(False)
+        assert await check(service.port, "readiness") == NOT_SERVING
+        assert await check(service.port, "") == NOT_SERVING
+        await service.set_ready(True)
+        assert await check(service.port, "readiness") == SERVING
+        assert await check(service.port, "") == SERVING
+        await service.set_alive(False)  # a stuck scan: not alive, still the one serving
         assert await check(service.port, "liveness") == NOT_SERVING
+        assert await check(service.port, "readiness") == SERVING
+        await service.set_ready(False)
+        assert await check(service.port, "readiness") == NOT_SERVING
+        assert await check(service.port, "") == NOT_SERVING
     finally:
         await service.stop()
 
@@ -43,7 +48,7 @@ async def test_unknown_service_is_not_found() -> None:
     try:
         assert service.port
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await check(service.port, "readiness")
+            await check(service.port, "ready")
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         await service.stop()

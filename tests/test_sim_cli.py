@@ -324,4 +324,4 @@ def test_kubelet_commands_through_serve_act_as_the_kubelet(root: Path) -> None:
         assert serve.stop() == 0
     events = "".join(serve.lines)
     assert "Allocate rebellions.ai/npu rbln2 -> rsd1" in events
-    assert "kubelet restarted: sockets deleted, new kubelet.sock" in events
+    assert "kubelet restarted: cleaned (non-directories), new kubelet.sock" in events

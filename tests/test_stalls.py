@@ -11,11 +11,13 @@ a directory where a device node should be, a chmod of kubelet.sock, a umask of 0
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import shutil
 import signal
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
-from rbln_device_plugin.runtime.instancelock import LOCK_NAME
+from rbln_device_plugin.runtime.instancelock import LEGACY_LOCK_NAME, LOCK_DIR, LOCK_NAME
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.state import Fault
 
@@ -52,11 +54,11 @@ async def health_port(daemon: DaemonProcess) -> int:
     return int(str(record["address"]).rsplit(":", 1)[1])
 
 
-async def health(port: int) -> str:
-    """The liveness service's status, as the kubelet's probe sees it."""
+async def health(port: int, service: str = "liveness") -> str:
+    """A health service's status, as the kubelet's probe sees it."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        reply = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
@@ -109,6 +111,67 @@ async def test_a_blocking_status_read_stalls_only_its_device() -> None:
             print(f"exit after SIGTERM with a stuck read: {time.monotonic() - started:.2f} s")
         finally:
             release_fifo(status)
+
+
+class SlowStatusFiles:
+    """Status files that answer every read, each after ``delay`` seconds (a FIFO whose
+    writer waits before it writes): slow reads that always finish."""
+
+    def __init__(self, paths: list[Path], delay: float) -> None:
+        self.paths = paths
+        self.delay = delay
+        self.reads = 0
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._serve, args=(p,), daemon=True) for p in paths
+        ]
+
+    def __enter__(self) -> SlowStatusFiles:
+        for path in self.paths:
+            make_fifo(path)
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for path in self.paths:  # a writer waiting in open() needs a reader to go on
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        for thread in self._threads:
+            thread.join(5)
+
+    def _serve(self, path: Path) -> None:
+        while not self._stop.is_set():
+            fd = os.open(path, os.O_WRONLY)  # until the daemon opens it for its read
+            try:
+                time.sleep(self.delay)
+                with contextlib.suppress(BrokenPipeError):
+                    os.write(fd, b"0\n")
+                self.reads += 1
+            finally:
+                os.close(fd)
+
+
+async def test_slow_status_reads_on_a_loaded_machine_are_not_stalls(loaded_machine: int) -> None:
+    """Each read takes 0.4 s, a scan's batch of four 1.6 s: longer than the 1 s bound as a
+    whole, never one read. With every core busy, no read is reported stalled."""
+    async with launch("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        statuses = [h.node.status_path(f"rbln{i}") for i in range(4)]
+        with SlowStatusFiles(statuses, delay=0.4) as slow:
+            await next_reconcile(h.daemon)  # may have begun before the files turned slow
+            scans = [await next_reconcile(h.daemon) for _ in range(3)]
+            # A scan's one batch of status reads outlasts the 1 s bound as a whole (a read
+            # can be a little shorter when its writer opened before the last reader left).
+            assert max(scan["durationMs"] for scan in scans) >= 1000
+            response = await h.kubelet.allocate(NPU, [["rbln0", "rbln1", "rbln2", "rbln3"]])
+            assert len(response.container_responses) == 1
+            assert slow.reads >= 4 * 4
+        assert not h.daemon.find(STALLED), h.daemon.find(STALLED)
+        assert not h.daemon.find("Cannot read device status")
+        view = h.kubelet.view(NPU)
+        assert view is not None and view.count("Healthy") == 4
 
 
 async def test_a_blocking_sriov_file_skips_only_that_device() -> None:
@@ -219,11 +282,14 @@ async def test_a_second_daemon_waits_for_the_first_instead_of_fighting() -> None
                 "waiting for it to exit"
             )
             assert waiting["level"] == "error" and waiting["holderPid"] == first.proc.pid
-            assert waiting["lockPath"] == str(h.node.kubelet_dir / LOCK_NAME)
+            assert waiting["lockPath"] == str(h.node.kubelet_dir / LOCK_DIR / LOCK_NAME)
             registrations = len(h.kubelet.registrations)
             for _ in range(3):
                 await next_reconcile(first)
-            assert await health(port) == "NOT_SERVING"
+            # Alive (the chart's liveness probe leaves it be), not serving the kubelet.
+            assert await health(port, "liveness") == "SERVING"
+            assert await health(port, "readiness") == "NOT_SERVING"
+            assert await health(port, "") == "NOT_SERVING"
             assert len(h.kubelet.registrations) == registrations  # no socket fight
             for device in ("rbln0", "rbln1", "rbln2"):
                 response = await h.kubelet.allocate(NPU, [[device]])
@@ -233,7 +299,7 @@ async def test_a_second_daemon_waits_for_the_first_instead_of_fighting() -> None
             await second.await_log("Instance lock acquired; starting")
             await second.await_log("Registered device plugin with kubelet", resourceName=NPU)
             await h.kubelet.wait_for(NPU, lambda v: v.ended is None and len(v.devices) == 4)
-            assert await health(port) == "SERVING"
+            assert await health(port, "readiness") == "SERVING"
         finally:
             second.kill()
 
@@ -345,7 +411,10 @@ async def test_sockets_and_created_directories_ignore_a_permissive_umask() -> No
         for created in (lock_dir.parent.parent, lock_dir.parent, lock_dir):
             assert stat.S_IMODE(created.stat().st_mode) == 0o750, created
         assert stat.S_IMODE((lock_dir / "rsd.lock").stat().st_mode) == 0o644
-        assert stat.S_IMODE((h.node.kubelet_dir / LOCK_NAME).stat().st_mode) == 0o644
+        lock = h.node.kubelet_dir / LOCK_DIR / LOCK_NAME
+        assert stat.S_IMODE(lock.parent.stat().st_mode) == 0o750
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o644
+        assert stat.S_IMODE((h.node.kubelet_dir / LEGACY_LOCK_NAME).stat().st_mode) == 0o644
 
 
 async def test_a_missing_kubelet_directory_is_left_to_the_kubelet(short_tmp: Path) -> None:

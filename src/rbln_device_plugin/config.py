@@ -134,6 +134,10 @@ class Option:
 DEFAULT_SCAN_INTERVAL_S: Final = 5.0
 MAX_SCAN_INTERVAL_S: Final = 24 * 3600.0
 DEFAULT_METRICS_EXPORT_INTERVAL_S: Final = 60.0
+# Every step of a scan has its own bound (rbln-smi 5 s, each host read 1 s, and a file
+# that blocked once fails at once afterwards), so even a node whose every status file
+# hangs at the same moment finishes a scan of 100 devices well within this.
+DEFAULT_SCAN_STALL_LIMIT_S: Final = 120.0
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
@@ -172,6 +176,11 @@ OPTIONS: Final[tuple[Option, ...]] = (
            shown_default="search"),
     Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
            "lock file serialising RSD group changes between processes", "PATH"),
+    Option("scan_stall_limit", "--scan-stall-limit", "SCAN_STALL_LIMIT",
+           format_duration(DEFAULT_SCAN_STALL_LIMIT_S),
+           "a device scan still running after this long turns the liveness health service "
+           "NOT_SERVING until it finishes (the chart's probe then restarts the pod); a Go "
+           f"duration, positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
     Option("test_file_device_nodes", "--test-file-device-nodes", "RBLN_TEST_FILE_DEVICE_NODES",
            "false", "TEST ONLY (the simulated node): accept regular files where device nodes "
            "belong; never set it on a real node", "BOOL"),
@@ -199,6 +208,7 @@ class Config:
     # Test only: a regular file counts as a device node (the simulated node has no
     # character devices). Off in production, and the chart never sets it.
     test_file_device_nodes: bool = False
+    scan_stall_limit: float = DEFAULT_SCAN_STALL_LIMIT_S
     # Where each setting came from ("flag", "env" or "default"), so that a later message
     # about a value can name what supplied it. Not part of the configuration itself.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -226,7 +236,7 @@ class Config:
             if item.name == "sources":
                 continue
             value = getattr(self, item.name)
-            if item.name in ("scan_interval", "metrics_export_interval"):
+            if item.name in ("scan_interval", "metrics_export_interval", "scan_stall_limit"):
                 value = format_duration(value)
             elif isinstance(value, Path):
                 value = str(value)
@@ -294,6 +304,18 @@ def _interval(option: Option, raw: str) -> float:
     return seconds
 
 
+def _limit(option: Option, raw: str) -> float:
+    try:
+        seconds = parse_duration(raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not 0 < seconds <= MAX_SCAN_INTERVAL_S:
+        raise ConfigError(
+            f"{raw!r} must be positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}"
+        )
+    return seconds
+
+
 def _text(option: Option, raw: str) -> str:
     return raw.strip()
 
@@ -325,6 +347,7 @@ _CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
     "dev_root": _path,
     "rbln_smi": _optional_path,
     "rsd_lock_path": _path,
+    "scan_stall_limit": _limit,
     "test_file_device_nodes": _bool,
 }
 

@@ -20,6 +20,9 @@ from rbln_device_plugin.telemetry import logs
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
+# The instance lock was lost (deleted or replaced, and now someone else holds it, or it
+# cannot be locked again): two daemons could serve the node, so this one stopped.
+EXIT_LOCK_LOST: Final = 3
 
 PROG: Final = "rbln-device-plugin"
 

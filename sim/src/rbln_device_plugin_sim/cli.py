@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("pf")
     p.add_argument("count", type=int)
     p.add_argument("--unlisted", action="store_true", help="rbln-smi does not list the VFs")
+    p = with_root("renumber", "reload the driver with the PFs probed in another order")
+    p.add_argument("names", nargs="+", metavar="OLD=NEW", help="e.g. rbln0=rbln1 rbln1=rbln0")
 
     p = with_root("fault", "make rbln-smi misbehave (or 'clear')")
     p.add_argument("mode", choices=[*FAULT_MODES, "clear"])
@@ -144,6 +146,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "add-device": nodecmds.add_device,
     "remove-device": nodecmds.remove_device,
     "repartition": nodecmds.repartition,
+    "renumber": nodecmds.renumber,
     "fault": nodecmds.fault,
     "groups": nodecmds.groups,
     "preferred": kubeletcmds.preferred,

@@ -7,14 +7,32 @@ resource name), dials the plugin back and asks for its options before answering 
 options, not the ones in the request, decide whether it calls GetPreferredAllocation),
 opens one ``ListAndWatch`` per resource and never reopens it, refuses a registration on
 an endpoint whose stream is still open (1.37's "device plugin already connected"),
-replaces the stream of a resource registering from another endpoint, and on
-``restart()`` deletes every socket in its directory and serves a new ``kubelet.sock``.
+replaces the stream of a resource registering from another endpoint, and on every
+``start()`` (``restart()`` included) cleans its directory as the kubelet's device
+manager does before it listens on a new ``kubelet.sock``.
+
+The cleanup is ``ManagerImpl.CleanupPluginDirectory`` (pkg/kubelet/cm/devicemanager/
+manager.go), called from the registration server's ``Start`` (plugin/v1beta1/server.go)
+after ``MkdirAll(dir, 0750)``. Which entries it deletes depends on the release:
+
+- ``Cleanup.NON_DIRECTORIES`` (the default: the harsher rule, which a plugin must
+  survive): every entry whose ``os.Lstat`` is not a directory, sockets, regular files
+  and symlinks alike, except the checkpoint ``kubelet_internal_checkpoint``. Every
+  release up to 1.30, 1.31.1 and later 1.31 patches (kubernetes#126976 put it back), and
+  1.32.
+- ``Cleanup.SOCKETS``: only entries whose ``os.Stat`` (following symlinks) is a socket,
+  again sparing the checkpoint; an entry that cannot be stat'ed is left alone. 1.31.0
+  (kubernetes#123819) and 1.33 on (kubernetes#130187); read in the 1.34.0 and 1.37.2
+  sources.
+
+Neither deletes a directory or anything inside one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import os
 import re
 import stat
@@ -33,6 +51,36 @@ from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 OPTIONS_TIMEOUT_S: Final = 10.0
 CALL_TIMEOUT_S: Final = 10.0
 MAX_UNIX_PATH: Final = 107
+CHECKPOINT: Final = "kubelet_internal_checkpoint"  # devicemanager's kubeletDeviceManagerCheckpoint
+
+
+class Cleanup(enum.Enum):
+    """Which entries a starting kubelet deletes from its device-plugin directory."""
+
+    NON_DIRECTORIES = "non-directories"  # up to 1.30, 1.31.1+, 1.32
+    SOCKETS = "sockets"  # 1.31.0, 1.33 and later
+
+
+def clean_plugin_directory(directory: Path, rule: Cleanup) -> list[str]:
+    """Delete what the kubelet's CleanupPluginDirectory deletes; return the names deleted."""
+    deleted: list[str] = []
+    for name in os.listdir(directory):
+        if name == CHECKPOINT:
+            continue
+        path = directory / name
+        try:
+            # Lstat for the older rule (a symlink is no directory), Stat for the newer.
+            info = os.lstat(path) if rule is Cleanup.NON_DIRECTORIES else os.stat(path)
+        except OSError:
+            continue  # the kubelet logs "Failed to stat file" and goes on
+        if stat.S_ISDIR(info.st_mode):
+            continue
+        if rule is Cleanup.SOCKETS and not stat.S_ISSOCK(info.st_mode):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # os.RemoveAll of a non-directory
+        deleted.append(name)
+    return deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +134,11 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
         *,
         options_timeout: float = OPTIONS_TIMEOUT_S,
         on_event: Callable[[str], None] | None = None,
+        cleanup: Cleanup = Cleanup.NON_DIRECTORIES,
     ) -> None:
         self.directory = Path(directory)
+        self.cleanup = cleanup
+        self.deleted: list[str] = []  # every entry a start deleted, in order
         self.socket_path = self.directory / KUBELET_SOCKET
         if len(str(self.socket_path)) > MAX_UNIX_PATH:
             raise ValueError(f"socket path too long for unix sockets: {self.socket_path}")
@@ -107,8 +158,10 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        # gRPC would silently take over a leftover path; a fresh file is what kubelet makes.
+        """Like the kubelet's registration server starting: mkdir, clean up, listen."""
+        self.directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self.deleted += clean_plugin_directory(self.directory, self.cleanup)
+        # The cleanup took a leftover kubelet.sock too; a fresh socket is what kubelet makes.
         self.socket_path.unlink(missing_ok=True)
         server = aio.server()
         api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
@@ -124,11 +177,11 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
         self.socket_path.unlink(missing_ok=True)
 
     async def restart(self) -> None:
-        """Like a kubelet starting: every socket in the directory goes, kubelet.sock is new."""
-        # Park the old socket (gRPC unlinks its path on stop) so its inode stays allocated
-        # until the new kubelet.sock exists: the new file never reuses the inode number,
-        # and watchers comparing inodes see the change.
-        parked = self.directory / f".{KUBELET_SOCKET}.old"
+        """Like a kubelet starting again: the directory is cleaned, kubelet.sock is new."""
+        # Park the old socket outside the directory (gRPC unlinks its path on stop) so its
+        # inode stays allocated until the new kubelet.sock exists: the new file never
+        # reuses the inode number, and watchers comparing inodes see the change.
+        parked = self.directory.parent / f".{self.directory.name}.{KUBELET_SOCKET}.old"
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.rename(parked)
         # Registration goes before the streams, as when the kubelet process dies: a plugin
@@ -137,13 +190,10 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
             await self._server.stop(0)
             self._server = None
         await self._drop_plugins("kubelet restarted")
-        for entry in self.directory.iterdir():
-            if entry != parked and _is_socket(entry):
-                entry.unlink(missing_ok=True)
         await self.start()
         parked.unlink(missing_ok=True)
         self.restarts += 1
-        self._event("kubelet restarted: sockets deleted, new kubelet.sock")
+        self._event(f"kubelet restarted: cleaned ({self.cleanup.value}), new kubelet.sock")
         await self._notify()
 
     async def __aenter__(self) -> KubeletStub:
@@ -435,10 +485,3 @@ async def _close(plugin: _Plugin) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await plugin.task
     await plugin.channel.close()
-
-
-def _is_socket(path: Path) -> bool:
-    try:
-        return stat.S_ISSOCK(os.lstat(path).st_mode)
-    except OSError:
-        return False

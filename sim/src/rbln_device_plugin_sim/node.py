@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -113,6 +114,48 @@ class SimNode(NodePaths):
         for vf in vfs:
             self.add_device(vf)
         return [vf.name for vf in vfs]
+
+    def renumber(self, names: Mapping[str, str]) -> dict[str, str]:
+        """A driver reload that probed the PFs in another order: ``names`` maps a PF's
+        current name to its new one and must only permute names (``{"rbln0": "rbln1",
+        "rbln1": "rbln0"}``). A renamed PF's VFs follow it (``rbln0-2`` -> ``rbln1-2``),
+        the driver's index (rbln-smi's ``npu``) stays with the name, and, as after any
+        reload, every device is back in the default RSD group. Returns old -> new names.
+        """
+        pfs = {name: self._device(name) for name in names}
+        if sorted(names) != sorted(names.values()):
+            raise SimError(f"a reload only reorders names: {dict(names)} is not a permutation")
+        if vf := next((d for d in pfs.values() if d.is_vf), None):
+            raise SimError(f"{vf.name} is a VF; renumber its PF")
+        renamed: dict[str, str] = {}
+        for old, new in names.items():
+            renamed[old] = new
+            for vf in self.layout.vfs_of(pfs[old]):
+                renamed[vf.name] = new + vf.name[len(old) :]
+        npu_of = {d.name: d.npu for d in self.layout.devices}
+        moved = [d for d in self.layout.devices if d.name in renamed]
+        if any(new not in npu_of for new in renamed.values()):
+            raise SimError(f"{dict(names)}: the PFs do not have the same VFs")
+        for dev in moved:
+            remove_device(self, dev)
+        after = {
+            d.name: dataclasses.replace(d, name=renamed[d.name], npu=npu_of[renamed[d.name]])
+            for d in moved
+        }
+        for dev in sorted(after.values(), key=lambda d: d.is_vf):  # PFs first: VFs link to them
+            write_device(self, dev)
+        self.layout = self.layout.with_devices(after.get(d.name, d) for d in self.layout.devices)
+        self.save_layout()
+        listed = {d.name for d in self.layout.devices if d.listed}
+        with self.store.transaction() as state:
+            state.devices = sorted(
+                (d.smi_record() for d in self.layout.devices if d.name in listed),
+                key=lambda record: int(record["npu"]),
+            )
+        for node in self.dev_root.glob("rsd*"):
+            if node.name != "rsd0":
+                node.unlink(missing_ok=True)
+        return renamed
 
     def inject_fault(self, fault: Fault) -> None:
         with self.store.transaction() as state:

@@ -107,6 +107,19 @@ def repartition(args: argparse.Namespace) -> int:
     return 0
 
 
+def renumber(args: argparse.Namespace) -> int:
+    names: dict[str, str] = {}
+    for pair in args.names:
+        old, sep, new = pair.partition("=")
+        if not sep or not old or not new:
+            raise SimError(f"{pair!r}: expected OLD=NEW, e.g. rbln0=rbln1")
+        names[old] = new
+    renamed = SimNode.open(args.root).renumber(names)
+    moves = ", ".join(f"{old} is now {new}" for old, new in renamed.items())
+    print(f"driver reloaded: {moves}; every device is back in RSD group 0")
+    return 0
+
+
 def fault(args: argparse.Namespace) -> int:
     node = SimNode.open(args.root)
     if args.mode == "clear":

@@ -6,9 +6,12 @@ so no such call ever runs on it: calls run on daemon threads (never joined, so a
 read cannot hold the process at exit) and the loop waits for them at most ``timeout``.
 
 Calls come in batches: a scan reads dozens of small files, and one thread hop per batch
-costs far less than one per file. The worker reports its progress item by item, so when
-a batch overruns its budget the item being read is known: that item, and only that item,
-is answered with :class:`Stalled`, and the rest of the batch runs again on a fresh
+costs far less than one per file. The bound is per call, not per batch: the worker notes
+when each call starts, and the loop gives up only on a call that has itself been running
+for ``timeout`` (or on a batch no thread took up within ``timeout``). A batch of healthy
+reads that is slow as a whole, on a loaded machine or because it is long, never turns
+one of them into a stall. The item that did overrun is known: that item, and only that
+item, is answered with :class:`Stalled`, and the rest of the batch runs again on a fresh
 thread. The stuck key (a path) is remembered until its read finally returns, and is
 answered with ``Stalled`` at once meanwhile, so a file that blocks forever costs one
 thread and one timeout, not one per scan.
@@ -68,6 +71,7 @@ class _Batch:
         self.calls = calls
         self.results: list[object] = [_UNSET] * len(calls)
         self.next = 0  # index of the call running (or about to run)
+        self.call_started = 0.0  # time.monotonic() when call ``next`` started
         self.started = False
         self.abandoned = False
         self.lock = threading.Lock()
@@ -141,20 +145,31 @@ class HostIO:
             call_soon_threadsafe(loop, self._release, key)
 
         batch = _Batch(calls, done)  # type: ignore[arg-type]
+        submitted = time.monotonic()
         self._submit(batch, released)
-        try:
-            await asyncio.wait_for(asyncio.shield(finished), self.timeout)
-        except TimeoutError:
-            pass
-        except asyncio.CancelledError:
+        wait = self.timeout
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(finished), wait)
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                with batch.lock:
+                    batch.abandoned = True
+                raise
             with batch.lock:
+                # Decided and acted on under the lock: the worker cannot move on to the
+                # next call between the look at this one and giving up on it.
+                now = time.monotonic()
+                since = batch.call_started if batch.started else submitted
+                if not finished.done() and now - since < self.timeout:
+                    wait = since + self.timeout - now  # this call is still within its bound
+                    continue
                 batch.abandoned = True
-            raise
-        with batch.lock:
-            batch.abandoned = True
-            stopped_at = batch.next
-            started = batch.started
-            values = list(batch.results)
+                stopped_at = batch.next
+                started = batch.started
+                values = list(batch.results)
+            break
         for offset, value in enumerate(values):
             if isinstance(value, _Raised):
                 raise value.error
@@ -225,11 +240,13 @@ def _work(batch: _Batch, released: Callable[[str], None]) -> bool:
         if batch.abandoned:
             return False  # the loop gave up before we started: it answered everything
         batch.started = True
+        batch.call_started = time.monotonic()
     for index, call in enumerate(batch.calls):
         with batch.lock:
             if batch.abandoned:
                 return False
             batch.next = index
+            batch.call_started = time.monotonic()
         try:
             value: object = call.run()
         except Exception as exc:  # a reader bug must not kill the worker: the caller raises

@@ -18,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+IN_MOVED_FROM: Final = 0x00000040
 IN_MOVED_TO: Final = 0x00000080
 IN_CREATE: Final = 0x00000100
+IN_DELETE: Final = 0x00000200
 IN_DELETE_SELF: Final = 0x00000400
 IN_MOVE_SELF: Final = 0x00000800
 IN_UNMOUNT: Final = 0x00002000

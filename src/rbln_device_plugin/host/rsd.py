@@ -11,6 +11,18 @@ of those tools runs: if the daemon is killed in the middle of a group change, th
 orphaned tool finishes under the lock, and a successor waits for it instead of handing
 out a group that the orphan is about to destroy.
 
+Each listing is also checked against what the daemon believes (the last scan's
+device-name to bus-ID mapping): the group is built from bus IDs, the container gets
+``/dev/<name>``, so after a driver reload that renumbered the devices they would be two
+different devices. Any difference refuses the allocation before any group changes.
+
+The lock serialises exactly the processes that take it: every allocation of every
+daemon whose ``--rsd-lock-path`` names the same file, and any ``rbln-smi`` such a daemon
+left running. With the default path inside a container, that is one pod; the chart points
+it at ``/run/rbln`` on the host, so a surge successor and a killed pod's orphaned tool
+wait for each other too. Other programs that change groups (an operator running
+``rbln-smi group`` by hand) do not take it.
+
 The reference sequence lists the groups twice (before and after destroying stale
 ones). When none of the requested devices sits in a non-default group there is nothing
 to destroy, and under the lock nothing else changes the groups, so the first listing
@@ -24,7 +36,7 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -53,6 +65,22 @@ class RsdError(Exception):
     """RSD group recreation failed; the message says at which step and why."""
 
 
+class DeviceMappingChanged(RsdError):
+    """rbln-smi names a requested device at another bus ID than the last scan did."""
+
+    def __init__(self, device: str, snapshot_bus_id: str, current_bus_id: str | None) -> None:
+        self.device = device
+        self.snapshot_bus_id = snapshot_bus_id
+        self.current_bus_id = current_bus_id
+        now = f"at bus ID {current_bus_id}" if current_bus_id else "not listed"
+        super().__init__(
+            f"{device} is {now} according to rbln-smi, but the last scan saw it at "
+            f"{snapshot_bus_id}: the devices changed since (a driver reload?); refused so "
+            "that no container gets the group of one device and the node of another; "
+            "a rescan is under way, retry after it"
+        )
+
+
 class RsdLockTimeout(RsdError):
     """The RSD lock was not free within the budget."""
 
@@ -70,6 +98,7 @@ class GroupEntry:
     bus_id: str | None  # lowercase
     npu: int | None
     group_id: str
+    name: str | None = None  # "rbln0"
 
 
 def parse_groups(text: str) -> list[GroupEntry]:
@@ -90,14 +119,30 @@ def parse_groups(text: str) -> list[GroupEntry]:
         pci = entry.get("pci")
         bus = pci.get("bus_id") if isinstance(pci, dict) else None
         npu = entry.get("npu")
+        name = entry.get("device")
         entries.append(
             GroupEntry(
                 bus_id=bus.lower() if isinstance(bus, str) else None,
                 npu=npu if isinstance(npu, int) and not isinstance(npu, bool) else None,
                 group_id=group.strip(),
+                name=name if isinstance(name, str) else None,
             )
         )
     return entries
+
+
+def check_mapping(entries: Sequence[GroupEntry], expected: Mapping[str, str]) -> None:
+    """Raise DeviceMappingChanged unless each name in ``expected`` (name -> lowercase bus
+    ID) is listed at exactly that bus ID, and that bus ID under exactly that name."""
+    for name, bus_id in sorted(expected.items()):
+        at_name = {e.bus_id for e in entries if e.name == name}
+        at_bus = {e.name for e in entries if e.bus_id == bus_id}
+        if at_name != {bus_id}:
+            current = sorted(b for b in at_name if b)
+            raise DeviceMappingChanged(name, bus_id, ", ".join(current) or None)
+        if at_bus != {name}:
+            others = sorted(str(n) for n in at_bus - {name})
+            raise DeviceMappingChanged(name, bus_id, f"{bus_id}, shared with {', '.join(others)}")
 
 
 def groups_to_destroy(entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> list[str]:
@@ -207,8 +252,12 @@ async def recreate_rsd_group(
     always_relist: bool = False,
     accept_file_nodes: bool = False,
     metrics: m.Metrics = m.NOOP,
+    expected: Mapping[str, str] | None = None,
 ) -> RsdGroup:
     """Put exactly ``bus_ids`` into a new RSD group and wait for its device node.
+
+    ``expected`` (device name -> bus ID, as the last scan saw them) is checked against
+    every listing; a difference raises DeviceMappingChanged before any group changes.
 
     ``always_relist`` runs the reference four-step sequence even when nothing is
     destroyed (tests compare the two); ``accept_file_nodes`` lets a regular file stand
@@ -225,7 +274,10 @@ async def recreate_rsd_group(
 
         async def listing() -> list[GroupEntry]:
             text = await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups", fd, metrics)
-            return parse_groups(text)
+            entries = parse_groups(text)
+            if expected is not None:
+                check_mapping(entries, {n: b.lower() for n, b in expected.items()})
+            return entries
 
         entries = await listing()
         stale = groups_to_destroy(entries, wanted)

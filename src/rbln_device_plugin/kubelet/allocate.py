@@ -3,6 +3,11 @@
 Nothing touches the host before every requested ID matched the plugin's inventory, and
 no RSD group is created before the final status check passed for every distinct device.
 Errors after side effects began are reported as they are: there is no rollback.
+
+The inventory is the last scan's. Under the RSD lock, the fresh ``rbln-smi -g -j``
+listing must name every requested device at the bus ID that scan saw; otherwise (a
+driver reload renumbered the devices) the allocation is refused and a rescan requested,
+since the group would be built from one device's bus ID and ``/dev/<name>`` be another.
 """
 
 from __future__ import annotations
@@ -81,9 +86,11 @@ class Allocator:
         rsd_local_lock: asyncio.Lock,
         hostio: HostIO,
         metrics: m.Metrics = m.NOOP,
+        request_rescan: Callable[[], None] = lambda: None,
     ) -> None:
         self._resource = resource
         self._metrics = metrics
+        self._request_rescan = request_rescan
         self._rsd_local_lock = rsd_local_lock
         self._table = table
         self._config = config
@@ -254,8 +261,18 @@ class Allocator:
                     node_paths, self._hostio, accept_files=self._config.test_file_device_nodes
                 )
                 binary = await self._locate_rbln_smi()
-                group = await self._recreate_group(binary, bus_ids)
+                group = await self._recreate_group(binary, devices)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
+            except rsd.DeviceMappingChanged as exc:
+                self._request_rescan()
+                log.error(
+                    "Device mapping changed since the last scan; allocation refused, rescanning",
+                    **fields, device=exc.device, snapshotBusID=exc.snapshot_bus_id,
+                    currentBusID=exc.current_bus_id, durationMs=_ms(started),
+                )  # fmt: skip
+                raise AllocationError(
+                    f"{self._resource}: {exc}", logged=True, result=_failure_class(exc)
+                ) from exc
             except Exception as exc:
                 log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
                 # Raised inside the span: the span and its parent record it as an error.
@@ -288,7 +305,7 @@ class Allocator:
             raise rsd.RsdError(f"looking for rbln-smi: {found}")
         return found
 
-    async def _recreate_group(self, binary: Path, bus_ids: Sequence[str]) -> rsd.RsdGroup:
+    async def _recreate_group(self, binary: Path, devices: Sequence[Device]) -> rsd.RsdGroup:
         """Recreate the RSD group within one 5 s lock budget.
 
         This daemon's own allocations queue in arrival order (no 100 ms polling races
@@ -308,8 +325,9 @@ class Allocator:
         try:
             return await rsd.recreate_rsd_group(
                 binary,
-                bus_ids,
+                [d.bus_id for d in devices],
                 self._hostio,
+                expected={d.name: d.bus_id for d in devices},
                 lock_path=self._config.rsd_lock_path,
                 dev_root=self._config.dev_root,
                 lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),

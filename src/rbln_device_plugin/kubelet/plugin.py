@@ -60,6 +60,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
         hostio: HostIO | None = None,
         metrics: Metrics = NOOP,
         history: HealthHistory | None = None,
+        request_rescan: Callable[[], None] = lambda: None,
     ) -> None:
         self.resource = resource
         self._metrics = metrics
@@ -80,6 +81,7 @@ class ResourcePlugin(api_pb2_grpc.DevicePluginServicer):
             rsd_local_lock or asyncio.Lock(),
             self._hostio,
             metrics,
+            request_rescan,
         )
         self._on_stream_lost = on_stream_lost
         self._server: grpc.aio.Server | None = None

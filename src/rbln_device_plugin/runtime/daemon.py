@@ -1,4 +1,29 @@
-"""Process lifecycle: signals, health service, tracing, the manager, orderly shutdown."""
+"""Process lifecycle: signals, health service, instance lock, the manager, orderly shutdown.
+
+Start: health service (liveness SERVING at once), the kubelet's directory (waited for,
+never created), instance lock (a second instance waits here, readiness NOT_SERVING),
+tracing and metrics, the scan loop; readiness turns SERVING after the first scan.
+
+Shutdown, in this order, after the first SIGTERM, SIGINT, SIGHUP or SIGQUIT:
+
+1. readiness NOT_SERVING;
+2. the scan loop stops: a scan in progress is cancelled (its ``rbln-smi`` killed), the
+   kubelet watch and the registration tasks are cancelled, every plugin server stops
+   (0.5 s grace each, in parallel, so its ListAndWatch stream ends) and removes its
+   socket. All of step 2 gets ``SHUTDOWN_BUDGET_S`` (4 s); past it the manager task is
+   cancelled;
+3. tracing flushes pending spans and metrics stop (the Prometheus endpoint closes, an
+   OTLP push sends its last export), side by side, each at most 5 s, and only when on;
+4. ``Shutdown complete``; the instance locks are released (a waiting instance starts
+   now); the health server stops (0.2 s grace);
+5. back in ``cli``: the stderr relay gets 1 s to pass on what gRPC wrote last, and the
+   log queue 2 s to reach stdout; both only take that long when their output blocks.
+
+Without tracing and with stdout drained, the exit comes within 5 s of the signal (the
+README's promise). A host read that never returns holds nothing: it runs on a daemon
+thread that is never joined. A second signal during all this exits at once with
+128 + the signal's number (143 for SIGTERM, 130 for SIGINT), skipping what is left.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +33,24 @@ import signal
 import sys
 import time
 import warnings
+from types import FrameType
 from typing import Final
 
+from rbln_device_plugin import options
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
 from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager
-from rbln_device_plugin.telemetry import metrics_setup, tracing
+from rbln_device_plugin.runtime.watchdog import ScanWatchdog
+from rbln_device_plugin.telemetry import logs, metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-# Everything must be down within the kubelet's patience; tracing gets its own 5 s bound
-# inside this budget only when spans are pending.
 SHUTDOWN_BUDGET_S: Final = 4.0
+# The last record before an immediate exit gets this long to reach stdout.
+IMMEDIATE_EXIT_FLUSH_S: Final = 1.0
 
 log = get_logger()
 
@@ -34,7 +62,7 @@ def run(config: Config) -> int:
         return asyncio.run(_serve(config))
     except Exception as exc:
         log.error("Unexpected internal error; exiting", err=exc, exc_info=True)
-        return 1
+        return options.EXIT_FAILURE
 
 
 def _watch_children_with_pidfds() -> None:
@@ -54,16 +82,31 @@ def _watch_children_with_pidfds() -> None:
         asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
 
 
+def _exit_now(signum: int, _frame: FrameType | None = None) -> None:
+    """A second shutdown signal: one record, a short flush, then exit without cleanup."""
+    code = 128 + signum
+    logs.last_words(
+        "Second shutdown signal received; exiting at once",
+        IMMEDIATE_EXIT_FLUSH_S, signal=signal.Signals(signum).name, exitCode=code,
+    )  # fmt: skip
+    os._exit(code)
+
+
 async def _serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received: list[signal.Signals] = []
 
     def on_signal(sig: signal.Signals) -> None:
-        if not received:
-            log.info("Shutdown signal received", signal=sig.name)
+        if received:
+            _exit_now(sig)
+        log.info("Shutdown signal received", signal=sig.name)
         received.append(sig)
         stop.set()
+        # From now on a signal is handled by the interpreter itself, not by a callback of
+        # this loop: the exit works even if the shutdown below got stuck on the loop.
+        for other in SHUTDOWN_SIGNALS:
+            signal.signal(other, _exit_now)
 
     for sig in SHUTDOWN_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
@@ -75,7 +118,7 @@ async def _serve(config: Config) -> int:
             await health.start()
         except HealthcheckError as exc:
             log.error("Cannot start healthcheck service", err=exc)
-            return 1
+            return options.EXIT_FAILURE
     else:
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
@@ -88,17 +131,19 @@ async def _serve(config: Config) -> int:
                 await instance.acquire(stop)
             ):
                 log.info("Shutdown complete", signal=received[0].name if received else None)
-                return 0
+                return options.EXIT_OK
         except InstanceLockError as exc:
             log.error("Cannot take the instance lock", err=exc)
-            return 1
+            return options.EXIT_FAILURE
         return await _serve_locked(config, stop, received, health, instance)
     finally:
         instance.release()
         if health is not None:
             await health.stop(grace=0.2)
         for sig in SHUTDOWN_SIGNALS:
-            loop.remove_signal_handler(sig)
+            loop.remove_signal_handler(sig)  # back to the default action...
+            if received:  # ...except that a second signal still exits at once, as promised
+                signal.signal(sig, _exit_now)
 
 
 async def _serve_locked(
@@ -113,29 +158,56 @@ async def _serve_locked(
 
     async def mark_ready() -> None:
         if health is not None:
-            await health.set_serving(True)
+            await health.set_ready(True)
+
+    async def set_alive(alive: bool) -> None:
+        if health is not None:
+            await health.set_alive(alive)
+
+    watchdog = ScanWatchdog(config.scan_stall_limit, set_alive)
+
+    def scan_started() -> None:
+        instance.check()
+        watchdog.scan_started()
+
+    def kubelet_restarted() -> None:
+        instance.check()  # kubelets before 1.33 delete the legacy lock file at start
 
     manager = Manager(
         config,
         tracer=tracer.tracer,
         on_first_scan=mark_ready,
         hostio=HostIO(metrics=recorder),
-        on_scan=instance.ensure_held,
+        on_scan_start=scan_started,
+        on_scan_end=watchdog.scan_finished,
+        on_kubelet_restart=kubelet_restarted,
         metrics=recorder,
     )
     manager_task = asyncio.create_task(manager.run(stop), name="manager")
+    lock_watch = asyncio.create_task(instance.watch(stop), name="instance-lock-watch")
     stop_task = asyncio.create_task(stop.wait(), name="stop-signal")
-    exit_code = 0
+    lost_task = asyncio.create_task(instance.lost.wait(), name="instance-lock-lost")
+    exit_code = options.EXIT_OK
     try:
-        done, _ = await asyncio.wait({manager_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-        if manager_task in done and not stop.is_set():
+        done, _ = await asyncio.wait(
+            {manager_task, stop_task, lost_task}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if instance.loss is not None and not stop.is_set():
+            loss = instance.loss
+            log.error(
+                "Instance lock lost; another instance may serve this kubelet directory; exiting",
+                lockPath=str(loss.path), holderPid=loss.holder_pid, reason=loss.reason,
+                exitCode=options.EXIT_LOCK_LOST,
+            )  # fmt: skip
+            exit_code = options.EXIT_LOCK_LOST
+        elif manager_task in done and not stop.is_set():
             failure = manager_task.exception()
             log.error("Device manager stopped unexpectedly", err=failure or "returned")
-            exit_code = 1
+            exit_code = options.EXIT_FAILURE
         started = time.monotonic()
         stop.set()
         if health is not None:
-            await health.set_serving(False)
+            await health.set_ready(False)
         try:
             await asyncio.wait_for(asyncio.shield(manager_task), SHUTDOWN_BUDGET_S)
         except TimeoutError:
@@ -144,6 +216,7 @@ async def _serve_locked(
             await asyncio.gather(manager_task, return_exceptions=True)
         except Exception:
             pass  # already reported above
+        watchdog.close()
         await asyncio.gather(tracer.shutdown(), recorder.shutdown())
         log.info(
             "Shutdown complete",
@@ -151,5 +224,7 @@ async def _serve_locked(
             durationMs=round((time.monotonic() - started) * 1000, 1),
         )
     finally:
-        stop_task.cancel()
+        for task in (stop_task, lost_task, lock_watch):
+            task.cancel()
+        await asyncio.gather(stop_task, lost_task, lock_watch, return_exceptions=True)
     return exit_code

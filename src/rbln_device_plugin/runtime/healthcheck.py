@@ -1,7 +1,19 @@
-"""grpc.health.v1 service on a TCP port, probed by the kubelet's liveness check.
+"""grpc.health.v1 service on a TCP port: what the chart's probes and operators ask.
 
-Services "" and "liveness" exist; any other name answers NOT_FOUND. Both report
-NOT_SERVING until the daemon marks itself ready (after its first inventory scan).
+Three service names, each with one meaning (any other name answers NOT_FOUND):
+
+- ``liveness``: the process is alive and making progress. SERVING from the moment the
+  server starts, also while a second instance waits for the instance lock (waiting is
+  what it should do); NOT_SERVING only while a device scan has run longer than
+  ``--scan-stall-limit`` (see ``ScanWatchdog``). A daemon whose event loop is blocked
+  cannot answer at all, which the probe counts as a failure too. The chart's liveness
+  probe asks this: failures restart the container.
+- ``readiness``: this instance serves the kubelet. SERVING once it holds the instance
+  lock and its first scan has completed; NOT_SERVING before that, while waiting for
+  another instance, and during shutdown. The chart's readiness probe asks this:
+  failures only mark the pod not ready.
+- ``""`` (the server as a whole): the same as ``readiness``. It kept this meaning from
+  the versions before ``readiness`` existed, when ``liveness`` meant it too.
 """
 
 from __future__ import annotations
@@ -14,13 +26,24 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rbln_device_plugin.telemetry.logs import get_logger
 
-SERVICES: Final = ("", "liveness")
+LIVENESS: Final = "liveness"
+READINESS: Final = "readiness"
+OVERALL: Final = ""
+SERVICES: Final = (OVERALL, LIVENESS, READINESS)
 
 log = get_logger()
 
 
 class HealthcheckError(RuntimeError):
     """The health service could not start (typically: the port is taken)."""
+
+
+def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    return (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
 
 
 class HealthService:
@@ -32,8 +55,8 @@ class HealthService:
         self.port: int | None = None
 
     async def start(self) -> None:
-        for service in SERVICES:
-            await self._servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._servicer.set(LIVENESS, _status(True))
+        await self.set_ready(False)
         # Without this, gRPC sets SO_REUSEPORT and a second daemon would silently share
         # the port instead of failing.
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -56,14 +79,14 @@ class HealthService:
         self.port = bound
         log.info("Started healthcheck service", address=f"{self._host}:{bound}", services=SERVICES)
 
-    async def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for service in SERVICES:
-            await self._servicer.set(service, status)
+    async def set_ready(self, ready: bool) -> None:
+        """``readiness`` and ``""``: whether this instance serves the kubelet now."""
+        for service in (OVERALL, READINESS):
+            await self._servicer.set(service, _status(ready))
+
+    async def set_alive(self, alive: bool) -> None:
+        """``liveness``: whether the process makes progress."""
+        await self._servicer.set(LIVENESS, _status(alive))
 
     async def stop(self, grace: float = 1.0) -> None:
         if self._server is None:

@@ -1,11 +1,27 @@
-"""One daemon per kubelet directory, enforced by an exclusive lock on a file in it.
+"""One daemon per kubelet directory, enforced by exclusive locks that the kubelet never deletes.
 
 Two instances on one directory (the operator's operand next to this chart, or a
 rolling update with surge) would delete each other's sockets on every scan and fail
-each other's allocations. The second one instead waits for the lock, with its health
-service NOT_SERVING, and starts the moment the first one exits (the kernel drops a
-flock when its holder dies, however it dies). The file holds the holder's PID for the
-error record; the kubelet deletes only sockets, so the file survives kubelet restarts.
+each other's allocations. The second one instead waits for the lock, with its readiness
+NOT_SERVING, and starts the moment the first one exits (the kernel drops a flock when
+its holder dies, however it dies).
+
+Where the lock lives matters: a starting kubelet cleans its device-plugin directory.
+Kubernetes 1.31.1 to 1.32 (and every release before 1.31) delete every entry there that
+is not a directory, except their checkpoint file; 1.31.0 and 1.33 on delete only
+sockets. None of them touches a directory, so the lock file sits in a subdirectory of
+its own, ``<kubelet dir>/rbln-device-plugin/instance.lock``.
+
+Versions of this daemon before that locked ``<kubelet dir>/rbln-device-plugin.lock``.
+That file is locked too, after the first one, so an older instance on the node (an
+upgrade with surge) and this one still wait for each other. The kubelet may delete it:
+it is then simply locked again.
+
+A lock that is no longer ours (its file was deleted or replaced and someone else now
+holds the new one, or it cannot be locked again at all) means two daemons could serve
+the node: ``check`` reports it and the daemon exits rather than share the node. The lock
+directory is watched with inotify, so a deletion is noticed at once; every scan checks
+too, as a backstop (and instead, where inotify is unavailable, a 1 s poll).
 """
 
 from __future__ import annotations
@@ -15,112 +31,220 @@ import contextlib
 import fcntl
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from rbln_device_plugin.host.paths import file_identity
+from rbln_device_plugin.host import inotify
+from rbln_device_plugin.host.paths import ensure_dir, file_identity
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
 
-LOCK_NAME: Final = "rbln-device-plugin.lock"
+LOCK_DIR: Final = "rbln-device-plugin"
+LOCK_NAME: Final = "instance.lock"
+LEGACY_LOCK_NAME: Final = "rbln-device-plugin.lock"
 RETRY_S: Final = 0.5
+FALLBACK_POLL_S: Final = 1.0
 _PID_BYTES: Final = 32
+_WATCH_EVENTS: Final = (
+    inotify.IN_DELETE | inotify.IN_MOVED_FROM | inotify.IN_MOVED_TO | inotify.IN_CREATE
+    | inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF
+)  # fmt: skip
+_DIR_GONE: Final = (
+    inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_IGNORED | inotify.IN_UNMOUNT
+)
 
 log = get_logger()
 
 
 class InstanceLockError(Exception):
-    """The lock file cannot be created or locked at all (not: someone else holds it)."""
+    """A lock file cannot be created or locked at all (not: someone else holds it)."""
 
 
-class InstanceLock:
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / LOCK_NAME
-        self._fd: int | None = None
+@dataclass(frozen=True, slots=True)
+class LockLoss:
+    """Why this daemon can no longer be sure it is the only one serving the node."""
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
+    path: Path
+    reason: str
+    holder_pid: int | str | None = None
 
-    async def acquire(self, stop: asyncio.Event) -> bool:
-        """Take the lock, waiting as long as another instance holds it.
 
-        False when ``stop`` was set first. Raises InstanceLockError when the file cannot
-        be used at all.
+class _LockFile:
+    def __init__(self, path: Path, kubelet_dir: Path, *, legacy: bool) -> None:
+        self.path = path
+        self.kubelet_dir = kubelet_dir
+        self.legacy = legacy
+        self.fd: int | None = None
+
+    def try_lock(self, *, create: bool = True) -> bool | None:
+        """Lock the file now at ``path``; False while another process holds it.
+
+        With ``create`` false a missing file is left missing (None).
         """
-        started = time.monotonic()
-        reported = False
-        while not stop.is_set():
-            if self._try_lock():
-                if reported:
-                    log.info(
-                        "Instance lock acquired; starting",
-                        lockPath=str(self.path),
-                        waitedSeconds=round(time.monotonic() - started, 1),
-                    )
-                return True
-            if not reported:
-                log.error(
-                    "Another rbln-device-plugin instance serves this kubelet directory; "
-                    "waiting for it to exit",
-                    lockPath=str(self.path), holderPid=self._holder(),
-                )  # fmt: skip
-                reported = True
-            await wait_any(stop, timeout=RETRY_S)
-        return False
-
-    def ensure_held(self) -> None:
-        """Lock the file again if it was deleted (the kubelet directory was recreated)."""
-        if self._fd is None or not self.path.parent.is_dir():
-            return  # the directory itself is gone: the manager waits for it and says so
-        current = file_identity(self.path)
-        info = os.fstat(self._fd)
-        if current == (info.st_dev, info.st_ino, info.st_mtime_ns):
-            return
-        os.close(self._fd)
-        self._fd = None
-        try:
-            locked = self._try_lock()
-        except InstanceLockError as exc:
-            log.warning("Cannot recreate the instance lock file", lockPath=str(self.path), err=exc)
-            return
-        if not locked:
-            log.error(
-                "Instance lock file was replaced and another instance holds it now",
-                lockPath=str(self.path), holderPid=self._holder(),
-            )  # fmt: skip
-
-    def release(self) -> None:
-        # The file stays: unlinking it would let a waiter lock a file nobody else can see.
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _try_lock(self) -> bool:
-        try:
-            # Never ensure_dir here: the kubelet's directory is the kubelet's to create.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise InstanceLockError(f"cannot open {self.path}: {exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            if not self.kubelet_dir.is_dir():
+                # The kubelet's directory is the kubelet's to create: while it is gone
+                # (the manager waits for it and says so), nothing is locked or made.
+                return None
+            try:
+                if create and not self.legacy:
+                    ensure_dir(self.path.parent)  # our own directory inside the kubelet's
+                flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+                fd = os.open(self.path, flags, 0o644)
+            except FileNotFoundError:
+                if create:
+                    raise InstanceLockError(f"cannot create {self.path}") from None
+                return None
+            except OSError as exc:
+                raise InstanceLockError(f"cannot open {self.path}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            except OSError as exc:
+                os.close(fd)
+                raise InstanceLockError(f"cannot lock {self.path}: {exc}") from exc
+            if self._is_current(fd):
+                break
+            # Deleted or replaced between open and flock: a lock on it guards nothing.
             os.close(fd)
-            return False
-        except OSError as exc:
-            os.close(fd)
-            raise InstanceLockError(f"cannot lock {self.path}: {exc}") from exc
         with contextlib.suppress(OSError):
             os.fchmod(fd, 0o644)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+        self.close()  # a lock on a file that is gone from the path
+        self.fd = fd
         return True
 
-    def _holder(self) -> int | str:
+    def intact(self) -> bool:
+        return self.fd is not None and self._is_current(self.fd)
+
+    def _is_current(self, fd: int) -> bool:
+        info = os.fstat(fd)
+        return file_identity(self.path) == (info.st_dev, info.st_ino, info.st_mtime_ns)
+
+    def close(self) -> None:
+        # The file stays: unlinking it would let a waiter lock a file nobody else can see.
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def holder(self) -> int | str:
         try:
             with open(self.path, "rb") as handle:
                 text = handle.read(_PID_BYTES).decode("ascii", errors="replace").strip()
         except OSError:
             return "unknown"
         return int(text) if text.isdigit() else "unknown"
+
+
+class InstanceLock:
+    def __init__(self, kubelet_dir: Path) -> None:
+        self._primary = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False)
+        self._legacy = _LockFile(kubelet_dir / LEGACY_LOCK_NAME, kubelet_dir, legacy=True)
+        self.path = self._primary.path
+        self.legacy_path = self._legacy.path
+        self.lost = asyncio.Event()
+        self.loss: LockLoss | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._primary.fd is not None and self._legacy.fd is not None
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Take both locks, waiting as long as another instance holds either.
+
+        False when ``stop`` was set first. Raises InstanceLockError when a file cannot be
+        used at all.
+        """
+        started = time.monotonic()
+        reported = False
+        for lock in (self._primary, self._legacy):
+            while not (locked := lock.try_lock()):
+                if locked is not None and not reported:  # None: no kubelet directory yet
+                    log.error(
+                        "Another rbln-device-plugin instance serves this kubelet directory; "
+                        "waiting for it to exit",
+                        lockPath=str(lock.path), holderPid=lock.holder(),
+                    )  # fmt: skip
+                    reported = True
+                await wait_any(stop, timeout=RETRY_S)
+                if stop.is_set():
+                    return False
+        if reported:
+            log.info(
+                "Instance lock acquired; starting",
+                lockPath=str(self.path), waitedSeconds=round(time.monotonic() - started, 1),
+            )  # fmt: skip
+        return True
+
+    def check(self, *, create: bool = True) -> bool:
+        """Are both locks still ours? Lock a deleted or replaced file again where nobody
+        holds it; otherwise record the loss and set ``lost``. True while held.
+
+        With ``create`` false (the watch) a deleted file is not made again: that happens
+        at the next scan, so a directory being removed is not refilled under the remover.
+        A file someone else created and locked meanwhile is still a loss.
+        """
+        if self.loss is not None:
+            return False
+        for lock in (self._primary, self._legacy):
+            if lock.fd is None or lock.intact():
+                continue
+            try:
+                locked = lock.try_lock(create=create)
+            except InstanceLockError as exc:
+                lock.close()
+                self._lose(LockLoss(lock.path, f"the lock file was deleted or replaced and {exc}"))
+                return False
+            if locked is None:
+                continue  # deleted; locked again at the next scan unless someone is faster
+            if not locked:
+                reason = "the lock file was deleted or replaced and another process holds it now"
+                lock.close()
+                self._lose(LockLoss(lock.path, reason, lock.holder()))
+                return False
+            if not lock.legacy:  # the kubelet deletes the legacy file on its own
+                log.warning("Instance lock file was deleted or replaced; locked it again",
+                            lockPath=str(lock.path))  # fmt: skip
+        return True
+
+    def _lose(self, loss: LockLoss) -> None:
+        self.loss = loss
+        self.lost.set()
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Check at once whenever the primary lock's directory changes, until stop or loss."""
+        while not stop.is_set() and not self.lost.is_set():
+            try:
+                watch = inotify.DirectoryWatch(self.path.parent, _WATCH_EVENTS)
+            except inotify.InotifyUnavailable:
+                self.check(create=False)
+                await wait_any(stop, self.lost, timeout=FALLBACK_POLL_S)
+                continue
+            try:
+                await self._follow(watch, stop)
+            finally:
+                watch.close()
+
+    async def _follow(self, watch: inotify.DirectoryWatch, stop: asyncio.Event) -> None:
+        """Check on every event about the lock file, until stop, loss, or the directory goes."""
+        gone = asyncio.Event()
+
+        def on_events(events: list[inotify.Event]) -> None:
+            if any(e.mask & _DIR_GONE for e in events):
+                gone.set()
+            if gone.is_set() or any(
+                e.name == LOCK_NAME or e.mask & inotify.IN_Q_OVERFLOW for e in events
+            ):
+                self.check(create=False)
+
+        watch.start(on_events)
+        self.check(create=False)  # anything that happened before the watch existed
+        await wait_any(stop, self.lost, gone)
+
+    def release(self) -> None:
+        self._legacy.close()
+        self._primary.close()

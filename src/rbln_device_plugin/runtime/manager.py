@@ -49,14 +49,19 @@ class Manager:
         on_first_scan: Callable[[], Awaitable[None]],
         scanner: Scanner | None = None,
         hostio: HostIO | None = None,
-        on_scan: Callable[[], None] = lambda: None,
+        on_scan_start: Callable[[], None] = lambda: None,
+        on_scan_end: Callable[[], None] = lambda: None,
+        on_kubelet_restart: Callable[[], None] = lambda: None,
         metrics: m.Metrics = m.NOOP,
     ) -> None:
         self._config = config
         self._metrics = metrics
         self._tracer = tracer
         self._on_first_scan = on_first_scan
-        self._on_scan = on_scan
+        self._on_scan_start = on_scan_start
+        self._on_scan_end = on_scan_end
+        # Before the plugins register again with a restarted kubelet.
+        self._on_kubelet_restart = on_kubelet_restart
         self._hostio = hostio or HostIO()
         self._scanner = scanner or Scanner(
             sysfs_root=config.sysfs_root,
@@ -115,9 +120,16 @@ class Manager:
             await self._stop_all()
 
     async def _scan_once(self) -> None:
-        self._on_scan()
-        await self._restart_if_kubelet_restarted()
-        await self._reconcile()
+        self._on_scan_start()
+        try:
+            await self._restart_if_kubelet_restarted()
+            await self._reconcile()
+        finally:
+            self._on_scan_end()
+
+    def request_scan(self) -> None:
+        """Scan now (Allocate found the node changed since the last scan); keep the schedule."""
+        self._wake.set()
 
     # ----------------------------------------------------------------- scanning
     async def _reconcile(self) -> None:
@@ -214,6 +226,7 @@ class Manager:
                 self._hostio,
                 self._metrics,
                 self._histories.setdefault(resource, HealthHistory()),
+                self.request_scan,
             )
             try:
                 await plugin.start()
@@ -284,6 +297,7 @@ class Manager:
         self.kubelet.check()  # a cheap stat per scan backs up the watch
         if self._restart_pending:
             self._restart_pending = False
+            self._on_kubelet_restart()
             await self._stop_all()
             await self._clean_cdi()
 

@@ -14,6 +14,16 @@ Levels: abseil's INFO is shown at debug (like gRPC's Python info records); WARNI
 ERROR are warn, because gRPC cannot tell whether a device or a request became unusable:
 the daemon's own record says that. FATAL is error.
 
+Nothing gRPC writes to fd 2 ever waits, since a C-core thread that waits may hold the
+GIL the relay thread needs to drain the pipe (a deadlock, seen with GRPC_TRACE=all): the
+pipe holds 1 MiB, and a write to a full one fails at once, losing that line, uncounted.
+Neither does the relay thread ever block on its own output, or the pipe would fill
+behind it: records go through the log queue, and lines copied to the real stderr
+through a bounded queue of their own with a writer thread. When nobody drains stderr
+that queue fills, and further lines are dropped and counted; once it has room again (or
+at stop), a notice line on stderr and a warn record ``gRPC stderr lines dropped while
+stderr was blocked`` (``droppedLines``) say how many.
+
 Limits (the README's logging section repeats them): a line written in the instant
 before the process dies abruptly, such as a gRPC fatal check that aborts, can be lost
 with the relay thread, so fatal signals also get Python's fault handler on the real
@@ -22,7 +32,9 @@ stderr; lines C code writes before ``install`` or after ``stop`` go to stderr ra
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import fcntl
 import os
 import re
 import sys
@@ -30,11 +42,17 @@ import threading
 from typing import Final
 
 from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.logsink import QueuedSink
 
 # Longer lines are cut: the record keeps the first part, the rest of the line is dropped.
 MAX_LINE_BYTES: Final = 8192
 _READ_BYTES: Final = 65536
 _STOP_TIMEOUT_S: Final = 1.0
+F_SETPIPE_SZ: Final = 1031  # fcntl.F_SETPIPE_SZ, named in Python 3.10+ on Linux only
+PIPE_BYTES: Final = 1 << 20  # the default /proc/sys/fs/pipe-max-size
+# Lines waiting for the real stderr; past this they are dropped and counted.
+STDERR_QUEUE_LINES: Final = 1024
+DROPPED_MSG: Final = "gRPC stderr lines dropped while stderr was blocked"
 _ABSEIL_LINE: Final = re.compile(
     rb"([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ([^\s\]]+:\d+)\] ?(.*)", re.DOTALL
 )
@@ -49,17 +67,20 @@ class CoreLogRelay:
     def __init__(self, read_fd: int, real_stderr: int) -> None:
         self._read_fd = read_fd
         self._real_stderr = real_stderr
+        # A descriptor of its own: closing the queue must not close Python's sys.stderr.
+        self._copies = QueuedSink(os.dup(real_stderr), _notice, capacity=STDERR_QUEUE_LINES)
         self._thread = threading.Thread(target=self._run, name="grpc-core-log", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Restore fd 2 and let the thread relay what is left (bounded wait)."""
+        """Restore fd 2 and let the thread relay what is left (bounded waits)."""
         try:
             # Replacing fd 2 closes the pipe's last write end: the reader gets EOF.
             os.dup2(self._real_stderr, 2)
         except OSError:
             return
         self._thread.join(_STOP_TIMEOUT_S)
+        self._copies.close(_STOP_TIMEOUT_S)
 
     def _run(self) -> None:
         pending = b""
@@ -111,11 +132,14 @@ class CoreLogRelay:
             self._copy(line + b"\n")
 
     def _copy(self, data: bytes) -> None:
-        try:
-            while data:
-                data = data[os.write(self._real_stderr, data) :]
-        except OSError:
-            pass
+        self._copies.write(data.removesuffix(b"\n").decode("utf-8", errors="replace"))
+
+
+def _notice(count: int) -> str:
+    """Rendered by the stderr writer when the queue has room again: in both streams."""
+    with contextlib.suppress(Exception):  # the notice line below still tells
+        log.warning(DROPPED_MSG, component="grpc", droppedLines=count)
+    return f"rbln-device-plugin: {count} gRPC stderr lines dropped while stderr was blocked"
 
 
 def install() -> CoreLogRelay | None:
@@ -129,7 +153,14 @@ def install() -> CoreLogRelay | None:
     except OSError:
         os.close(real_stderr)
         return None
+    # The relay thread needs the GIL to drain the pipe, and gRPC may write to fd 2 from a
+    # thread that holds the GIL: a full pipe that blocked that write would deadlock the
+    # daemon. So the pipe is large, and a write to a full one fails at once (that line
+    # is lost) instead of waiting. Only fd 2 shares this pipe's write end.
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(write_fd, F_SETPIPE_SZ, PIPE_BYTES)
     try:
+        os.set_blocking(write_fd, False)
         os.dup2(write_fd, 2)
     except OSError:
         for fd in (read_fd, write_fd, real_stderr):

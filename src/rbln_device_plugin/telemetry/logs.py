@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -52,6 +53,14 @@ _LEVEL_WORDS: Final[Mapping[str, str]] = {
 # gRPC's asyncio layer logs this at debug for nearly every call and server start: it
 # says nothing about the daemon and drowned two of every three debug records.
 _GRPC_NOISE: Final = ("[_cygrpc] Loaded running loop",)
+# A client's undecodable request (garbage instead of protobuf) is the client's fault, but
+# grpc.aio logs it as an error with a traceback. It is shown at debug, and as one warn per
+# method at most once per window, with the number of repeats in between.
+UNDECODABLE_MSG: Final = "Undecodable request from a client; gRPC answered it with an error"
+CLIENT_ERROR_WINDOW_S: Final = 60.0
+_DECODE_ERROR: Final = re.compile(
+    r"Unexpected \[DecodeError\] raised by servicer method \[(?P<method>[^\]]*)\]"
+)
 
 # Repeated OpenTelemetry SDK complaints (an unreachable collector retries forever) are
 # folded: the same message is emitted at most once per window, with a suppressed count.
@@ -158,6 +167,19 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
 def dropped_total() -> int:
     """Records the installed sink has dropped because stdout was blocked."""
     return _sink.dropped_total if _sink is not None else 0
+
+
+def last_words(message: str, timeout: float, **fields: Any) -> None:
+    """One warn record and a bounded flush, from a signal handler just before ``os._exit``.
+
+    The handler may have interrupted this very thread inside the log queue, holding its
+    lock: every wait here is bounded, so the exit comes whatever state the queue is in
+    (the record may then be lost).
+    """
+    if _sink is not None:
+        _sink.wait_limit = min(timeout, 0.1)
+    get_logger().warning(message, **fields)
+    flush(timeout)
 
 
 def install(environ: Mapping[str, str], stream: TextIO | None = None) -> LogSettings:
@@ -269,6 +291,10 @@ class _BridgeHandler(logging.Handler):
         fields: dict[str, Any] = {"component": self._component, "logger": record.name}
         if record.exc_info and record.exc_info[1] is not None:
             fields["err"] = str(record.exc_info[1]) or type(record.exc_info[1]).__name__
+        undecodable = _DECODE_ERROR.match(message) if self._component == "grpc" else None
+        if undecodable is not None:
+            self._client_garbage(message, undecodable.group("method"), fields)
+            return
         if self._cap_at_warn and level >= logging.WARNING:
             # The OpenTelemetry SDK's complaints are one kind of event for an operator;
             # its own wording goes under err, and repeats are folded.
@@ -288,6 +314,19 @@ class _BridgeHandler(logging.Handler):
             log.info(message, **fields)
         else:
             log.debug(message, **fields)
+
+    def _client_garbage(self, message: str, method: str, fields: dict[str, Any]) -> None:
+        log = get_logger()
+        log.debug(message, **fields, method=method)
+        now = time.monotonic()
+        with self._lock:
+            last = self._last_seen.get(method)
+            if last is not None and now - last[0] < CLIENT_ERROR_WINDOW_S:
+                self._last_seen[method] = (last[0], last[1] + 1)
+                return
+            self._last_seen[method] = (now, 0)
+        repeats = {"suppressedRepeats": last[1]} if last is not None and last[1] else {}
+        log.warning(UNDECODABLE_MSG, **fields, method=method, **repeats)
 
     def _fold_repeat(self, message: str) -> int | None:
         """None: drop this repeat. Otherwise how many repeats were dropped before it."""

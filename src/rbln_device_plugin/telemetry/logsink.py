@@ -52,6 +52,8 @@ class QueuedSink:
         self._dropped_total = 0  # every line ever dropped, for the metrics
         self._busy = False  # the writer holds lines it has not finished writing
         self._closed = False
+        # How long ``write`` may wait for the lock; -1: as long as it takes.
+        self.wait_limit = -1.0
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
@@ -59,7 +61,10 @@ class QueuedSink:
         self._thread.start()
 
     def write(self, line: str) -> None:
-        with self._lock:
+        # wait_limit: see last_words in logs; -1 (wait as long as it takes) otherwise.
+        if not self._lock.acquire(timeout=self.wait_limit):
+            return
+        try:
             if self._closed:
                 return
             if len(self._pending) >= self._capacity:
@@ -71,6 +76,8 @@ class QueuedSink:
                 self._dropped = 0
             self._pending.append(line)
             self._ready.notify()
+        finally:
+            self._lock.release()
 
     @property
     def dropped(self) -> int:
@@ -86,16 +93,30 @@ class QueuedSink:
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued so far is written; False when that took too long."""
         deadline = time.monotonic() + timeout
-        with self._lock:
+        # Bounded even when the lock is held by the very code a signal handler interrupted.
+        if not self._lock.acquire(timeout=max(timeout, 0.0)):
+            return False
+        try:
             while self._pending or self._busy:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._idle.wait(remaining)
+        finally:
+            self._lock.release()
         return True
 
     def close(self, timeout: float) -> bool:
-        """Flush (bounded), then refuse further lines. A blocked writer is abandoned."""
+        """Flush (bounded), then refuse further lines. A blocked writer is abandoned.
+
+        Lines dropped since the last notice get their notice first, so the count of
+        lost lines is complete whenever the output drains in time.
+        """
+        with self._lock:
+            if self._dropped and not self._closed:
+                self._pending.append(_Dropped(self._dropped))
+                self._dropped = 0
+                self._ready.notify()
         flushed = self.flush(timeout)
         with self._lock:
             self._closed = True
