@@ -153,6 +153,7 @@ class SlowStatusFiles:
                 os.close(fd)
 
 
+@pytest.mark.slow  # a busy loop per core for a few seconds
 async def test_slow_status_reads_on_a_loaded_machine_are_not_stalls(loaded_machine: int) -> None:
     """Each read takes 0.4 s, a scan's batch of four 1.6 s: longer than the 1 s bound as a
     whole, never one read. With every core busy, no read is reported stalled."""
