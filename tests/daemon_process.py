@@ -86,13 +86,15 @@ class DaemonProcess:
     def resume_stderr(self) -> None:
         self._reading_err.set()
 
-    def find(self, msg: str, **fields: Any) -> list[Record]:
+    # ``msg=None`` matches records by their fields alone (messages outside the README's
+    # catalogue are not the contract; their fields are).
+    def find(self, msg: str | None, **fields: Any) -> list[Record]:
         with self._cond:
             return self.find_unlocked(msg, **fields)
 
     def wait_for(
         self,
-        msg: str,
+        msg: str | None,
         timeout: float = 15.0,
         count: int = 1,
         where: Callable[[Record], bool] = lambda _: True,
@@ -112,11 +114,12 @@ class DaemonProcess:
                     )
                 self._cond.wait(min(remaining, 0.1))
 
-    def find_unlocked(self, msg: str, **fields: Any) -> list[Record]:
+    def find_unlocked(self, msg: str | None, **fields: Any) -> list[Record]:
         return [
             r
             for r in self.records
-            if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())
+            if (msg is None or r.get("msg") == msg)
+            and all(r.get(k) == v for k, v in fields.items())
         ]
 
     def send(self, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -142,7 +145,7 @@ class DaemonProcess:
 
     async def await_log(
         self,
-        msg: str,
+        msg: str | None,
         timeout: float = 15.0,
         count: int = 1,
         where: Callable[[Record], bool] = lambda _: True,

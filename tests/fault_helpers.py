@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -217,6 +218,36 @@ def groups_are_consistent(node: SimNode) -> None:
             continue
         assert names, f"group {gid} is empty"
         assert (node.dev_root / f"rsd{gid}").exists(), f"group {gid} has no rsd{gid} node"
+
+
+# --------------------------------------------------------------------------- crashes
+def crash_records(daemon: DaemonProcess, allowed_errors: Iterable[str] = ()) -> list[Record]:
+    """Records that show the daemon broke, rather than handled, something.
+
+    A line that is not JSON, any record carrying a traceback (``exception``, or a
+    ``Traceback`` anywhere in it), and any error record whose message is not one the test
+    expects (``allowed_errors``). A fault the daemon handles produces the documented
+    records; anything else at error level is a bug or an undocumented outcome.
+    """
+    allowed = set(allowed_errors)
+    return [
+        r
+        for r in daemon.records
+        if r.get("msg") == "<<not json>>"
+        or "exception" in r
+        or "Traceback" in json.dumps(r)
+        or (r.get("level") == "error" and r.get("msg") not in allowed)
+    ]
+
+
+def no_crash_records(
+    daemon: DaemonProcess, allowed_errors: Iterable[str] = (), *, check_stderr: bool = True
+) -> None:
+    bad = crash_records(daemon, allowed_errors)
+    assert not bad, bad[:5]
+    if check_stderr:
+        # stderr is complete once the process is gone: no Python traceback may be in it.
+        assert "Traceback" not in daemon.stderr, daemon.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- rbln-smi

@@ -109,13 +109,37 @@ class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
         self.requests: list[Any] = []
         self.hang = hang
         self.changed = asyncio.Event()
+        self.calls = 0
+        # Export calls that have arrived and not ended (a hanging collector holds them
+        # until the exporter gives up and cancels).
+        self.in_flight: set[int] = set()
 
     async def Export(self, request: Any, context: Any) -> Any:
+        call, self.calls = self.calls, self.calls + 1
         if self.hang:
-            await asyncio.sleep(3600)
+            self.in_flight.add(call)
+            self.changed.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                self.in_flight.discard(call)
+                self.changed.set()
         self.requests.append(request)
         self.changed.set()
         return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    async def wait_in_flight(self, newer_than: int = -1, timeout: float = 30.0) -> set[int]:
+        """The export calls stuck in this (hanging) collector that arrived after call
+        number ``newer_than``, once there is one."""
+
+        def fresh() -> set[int]:
+            return {call for call in self.in_flight if call > newer_than}
+
+        async with asyncio.timeout(timeout):
+            while not fresh():
+                self.changed.clear()
+                await self.changed.wait()
+        return fresh()
 
     async def next_export(self, timeout: float = 15.0) -> Any:
         seen = len(self.requests)

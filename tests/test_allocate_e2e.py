@@ -11,6 +11,7 @@ import pytest
 
 from rbln_device_plugin_sim.state import Fault
 
+from .fault_helpers import wait_until
 from .simnode import Harness, rejected, running
 
 NPU = "rebellions.ai/npu"
@@ -34,6 +35,8 @@ def groups(h: Harness) -> dict[str, list[str]]:
 async def test_single_container_pf_allocation() -> None:
     async with running("atom-max-8") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 32)
+        # A group-create that takes 0.4 s: the durations reported must include it.
+        h.node.inject_fault(Fault("slow", commands=("group-create",), delay=0.4, remaining=1))
         response = await h.kubelet.allocate(NPU, [["rbln2", "rbln0"]])
         (container,) = response.container_responses
         dev = h.node.dev_root
@@ -50,10 +53,11 @@ async def test_single_container_pf_allocation() -> None:
         assert done["deviceIDs"] == ["rbln2", "rbln0"]
         assert done["busIDs"] == sorted(done["busIDs"])
         assert done["hostRsdPath"] == str(dev / "rsd1")
-        assert done["durationMs"] >= 0
+        assert done["durationMs"] >= 400
         assert h.daemon.find("Starting container allocation", deviceIDs=["rbln2", "rbln0"])
         (recreated,) = await h.daemon.await_log("Recreated RSD group")
         assert recreated["level"] == "debug"
+        assert 400 <= recreated["durationMs"] <= done["durationMs"]
 
 
 async def test_multi_container_request_gets_one_group_each() -> None:
@@ -147,7 +151,8 @@ async def test_an_id_shared_by_two_containers_is_refused_before_any_host_access(
     ("fault", "expected"),
     [(Fault("error", commands=("group-create",)), "exit"),
      (Fault("garbage", commands=("list-groups",)), "JSON"),
-     (Fault("hang", commands=("list-groups",)), "timed out")],
+     pytest.param(Fault("hang", commands=("list-groups",)), "timed out",
+                  marks=pytest.mark.slow)],  # waits out the 5 s rbln-smi limit
 )  # fmt: skip
 async def test_rbln_smi_failures_fail_the_request_and_the_daemon_serves_on(
     fault: Fault, expected: str
@@ -165,6 +170,7 @@ async def test_rbln_smi_failures_fail_the_request_and_the_daemon_serves_on(
         _assert_lock_free(h.node.rsd_lock_path)
 
 
+@pytest.mark.slow  # waits out the 5 s wait for the group's node
 async def test_missing_rsd_node_fails_after_polling() -> None:
     async with running("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
@@ -179,6 +185,7 @@ async def test_missing_rsd_node_fails_after_polling() -> None:
         _assert_lock_free(h.node.rsd_lock_path)
 
 
+@pytest.mark.slow  # waits out the 5 s lock budget
 async def test_lock_held_elsewhere_times_out_cleanly() -> None:
     async with running("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
@@ -199,13 +206,17 @@ async def test_other_resources_answer_while_an_allocate_waits() -> None:
     async with running("rebel-sriov") as h:
         await h.kubelet.wait_for(VF4, lambda v: len(v.devices) == 4)
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 2)
-        h.node.inject_fault(Fault("slow", commands=("group-create",), delay=2.0))
-        slow = asyncio.create_task(h.kubelet.allocate(VF4, [["rbln0-0"]]))
-        await asyncio.sleep(0.5)
-        answer = await asyncio.wait_for(h.kubelet.preferred(NPU, ["rbln2", "rbln3"], [], 1), 1.5)
-        assert answer == ["rbln2"]
-        assert not slow.done()
-        await slow
+        h.node.inject_fault(Fault("hold", commands=("group-create",), remaining=1))
+        waiting = asyncio.create_task(h.kubelet.allocate(VF4, [["rbln0-0"]]))
+        try:
+            # The VF4 allocation holds the RSD lock, inside its group-create, until released.
+            await wait_until(lambda: bool(h.node.held()), 30, "the held group-create")
+            answer = await h.kubelet.preferred(NPU, ["rbln2", "rbln3"], [], 1)
+            assert answer == ["rbln2"]
+            assert not waiting.done()
+        finally:
+            h.node.release_held()
+        assert len((await waiting).container_responses) == 1
 
 
 async def test_concurrent_allocates_across_resources_all_succeed() -> None:

@@ -9,11 +9,15 @@ import pytest
 
 from rbln_device_plugin_sim.state import Fault
 
+from .fault_helpers import assert_settles, launch, take_baseline
 from .simnode import running
 
 NPU = "rebellions.ai/npu"
 VF1 = "rebellions.ai/npu-vf1"
 VF4 = "rebellions.ai/npu-vf4"
+# The README promises exit within 5 s of a shutdown signal; twice that leaves room for a
+# loaded machine and still fails a shutdown that hangs.
+SHUTDOWN_GUARD_S = 10.0
 
 
 def numa_of(view: object) -> dict[str, int | None]:
@@ -63,8 +67,13 @@ async def test_unsupported_vf_count_is_excluded_and_logged() -> None:
         assert sorted(vf4.ids) == ["rbln1-0", "rbln1-1", "rbln1-2", "rbln1-3"]
         assert npu.ids == ["rbln2"]
         assert h.kubelet.resources() == [NPU, VF4]
-        errors = [r for r in h.daemon.records if r.get("level") == "error"]
-        assert any("0000:17:00" in str(r) for r in errors), errors
+        # rbln-smi does not list the PF (0000:17:00.0, 2 VFs); each of its VFs says why.
+        skipped = await h.daemon.await_log(
+            "Skipping VF of a PF with an unsupported VF count", count=2
+        )
+        assert sorted(r["device"] for r in skipped) == ["rbln0-0", "rbln0-1"]
+        assert all(r["level"] == "error" and r["parentBusID"] == "0000:17:00.0" for r in skipped)
+        assert all(r["vfCount"] == 2 for r in skipped)
 
 
 async def test_status_change_reaches_kubelet_and_steady_node_sends_nothing() -> None:
@@ -75,7 +84,7 @@ async def test_status_change_reaches_kubelet_and_steady_node_sends_nothing() -> 
         assert view is not None and view.messages == 1  # nothing changed: nothing sent
 
         h.node.set_status("rbln3", 4)
-        view = await h.kubelet.wait_for(NPU, lambda v: v.health("rbln3") == "Unhealthy", 3)
+        view = await h.kubelet.wait_for(NPU, lambda v: v.health("rbln3") == "Unhealthy")
         assert view.messages == 2
         (change,) = await h.daemon.await_log("Device state changed", device="rbln3")
         assert change["level"] == "warn"
@@ -87,7 +96,7 @@ async def test_status_change_reaches_kubelet_and_steady_node_sends_nothing() -> 
         )  # fmt: skip
 
         h.node.set_status("rbln3", 0)
-        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln3") == "Healthy", 3)
+        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln3") == "Healthy")
         (recovered,) = await h.daemon.await_log(
             "Device state changed", device="rbln3", health="Healthy"
         )
@@ -129,6 +138,7 @@ async def test_discovery_failure_stops_plugins_and_recovery_restarts_them() -> N
         assert view.count("Healthy") == 4
 
 
+@pytest.mark.slow  # waits out the 5 s rbln-smi limit
 async def test_garbage_and_hanging_rbln_smi_are_discovery_failures() -> None:
     async with running("rebel-4", interval="200ms") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
@@ -153,25 +163,25 @@ async def test_history_survives_disappearance_and_a_kubelet_restart() -> None:
     async with running("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         h.node.set_status("rbln2", 4)
-        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Unhealthy", 3)
+        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Unhealthy")
         device = h.node.layout.device("rbln2")
         h.node.remove_device("rbln2")
-        await h.kubelet.wait_for(NPU, lambda v: "rbln2" not in v.ids, 3)
+        await h.kubelet.wait_for(NPU, lambda v: "rbln2" not in v.ids)
         (gone,) = await h.daemon.await_log("Device disappeared from inventory", device="rbln2")
         assert gone["level"] == "warn" and gone["deviceCount"] == 3
         h.node.add_device(device)
         h.node.set_status("rbln2", "garbage")  # unreadable: history keeps it Unhealthy
-        view = await h.kubelet.wait_for(NPU, lambda v: "rbln2" in v.ids, 3)
+        view = await h.kubelet.wait_for(NPU, lambda v: "rbln2" in v.ids)
         assert view.health("rbln2") == "Unhealthy"
         (back,) = await h.daemon.await_log("Device appeared in inventory", device="rbln2")
         assert back["level"] == "warn" and back["status"].startswith("UNREADABLE")
 
         # A new plugin instance, the same history: still Unhealthy in its first list.
         await h.kubelet.restart()
-        view = await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and len(v.devices) == 4, 5)
+        view = await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and len(v.devices) == 4)
         assert view.messages == 1 and view.health("rbln2") == "Unhealthy"
         h.node.set_status("rbln2", 0)  # a READY read resolves it
-        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Healthy", 5)
+        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Healthy")
 
 
 async def test_dropped_stream_is_reregistered() -> None:
@@ -179,37 +189,31 @@ async def test_dropped_stream_is_reregistered() -> None:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         await h.kubelet.drop_stream(NPU)
         await h.daemon.await_log("ListAndWatch stream ended; registering again")
-        view = await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and v.messages >= 1, 5)
+        view = await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and v.messages >= 1)
         assert len(view.devices) == 4
 
 
+@pytest.mark.slow
 async def test_kubelet_restarts_twenty_times_without_leaks() -> None:
-    async with running("rebel-sriov", interval="1s") as h:
-        for resource in (NPU, VF1, VF4):
+    resources = [NPU, VF1, VF4]
+    async with launch("rebel-sriov", interval="1s") as h:
+        for resource in resources:
             await h.kubelet.wait_for(resource, lambda v: len(v.devices) > 0)
-        await asyncio.sleep(0.5)
-        fds_before = await asyncio.to_thread(h.daemon.settled_fds)
-        registered_scans = await h.daemon.await_log(
-            "Reconciled device inventory", where=lambda r: r["streams"] == 3
-        )
-        # The highest of the idle scans so far: one transient task at one scan is no leak.
-        baseline_tasks = max(int(r["tasks"]) for r in registered_scans)
+        base = await take_baseline(h, resources)
         for generation in range(2, 22):
             await h.kubelet.restart()
-            for resource in (NPU, VF1, VF4):
+            for resource in resources:
                 await h.kubelet.wait_for(
-                    resource, lambda v, g=generation: v.generation >= g and v.messages > 0, 5
+                    resource, lambda v, g=generation: v.generation >= g and v.messages > 0
                 )
-        restarts = await h.daemon.await_log(
-            "Detected kubelet socket recreation; restarting device plugins", count=20
-        )
-        assert len(restarts) == 20
-        await asyncio.sleep(3)  # let the last replaced servers finish their grace period
-        assert await asyncio.to_thread(h.daemon.settled_fds) <= fds_before + 2
-        assert len(h.sockets()) == 4
-        last = h.daemon.find("Reconciled device inventory")[-1]
-        assert last["streams"] == 3  # one ListAndWatch stream per resource, none left over
-        assert int(last["tasks"]) <= baseline_tasks, (baseline_tasks, last)
+        # Back to the idle baseline: descriptors, tasks, one stream and one socket per
+        # resource (the replaced servers' grace periods end on their own).
+        await assert_settles(h, base, resources)
+        # Each restart was detected once: every detection precedes the re-registration it
+        # causes, so once the daemon has exited all of them are in the records.
+        assert await asyncio.to_thread(h.daemon.stop) == 0
+        detected = "Detected kubelet socket recreation; restarting device plugins"
+        assert len(h.daemon.find(detected)) == 20
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
@@ -217,8 +221,8 @@ async def test_shutdown_removes_sockets_and_ends_streams(sig: signal.Signals) ->
     async with running("rebel-sriov") as h:
         for resource in (NPU, VF1, VF4):
             await h.kubelet.wait_for(resource, lambda v: len(v.devices) > 0)
-        code = await asyncio.to_thread(h.daemon.stop, sig, 6)
+        code = await asyncio.to_thread(h.daemon.stop, sig, SHUTDOWN_GUARD_S)
         assert code == 0
         assert h.sockets() == ["kubelet.sock"]
         for resource in (NPU, VF1, VF4):
-            await h.kubelet.wait_for(resource, lambda v: v.ended is not None, 3)
+            await h.kubelet.wait_for(resource, lambda v: v.ended is not None)

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Builds and unpacks a source distribution.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 # Directories the tests read besides src/: the chart, the image sources and fetch-tools.sh,
 # the example pods, the simulator project, the node layouts in bench/, and the tests.

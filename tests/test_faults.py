@@ -31,6 +31,7 @@ from .fault_helpers import (
     VF1,
     VF4,
     FaultHarness,
+    SmiCall,
     allocate_direct,
     assert_settles,
     expected_entries,
@@ -39,6 +40,7 @@ from .fault_helpers import (
     launch,
     lock_is_free,
     next_reconcile,
+    no_crash_records,
     pid_alive,
     smi_calls,
     take_baseline,
@@ -46,11 +48,22 @@ from .fault_helpers import (
     wait_until,
 )
 
+# Every test takes an idle baseline over several scans and waits for the daemon to
+# settle back to it: seconds each.
+pytestmark = pytest.mark.slow
+
 SRIOV_COUNTS = {NPU: 2, VF1: 1, VF4: 4}
 DISCOVERY_FAILED = "Device discovery failed; reporting zero devices until it recovers"
+REGISTRATION_FAILED = "Device plugin registration failed; retrying next scan"
+# Not in the README's catalogue: named here only to allow it as an expected error.
+SERVER_FAILED = "Cannot start device plugin server; retrying next scan"
 KUBELET_DIR_MISSING = "Kubelet device-plugin directory does not exist; waiting for the kubelet"
 KUBELET_DIR_FOUND = "Kubelet device-plugin directory exists now; continuing"
 CALL_GUARD_S = 20.0  # far beyond any legitimate Allocate (5 s lock + 10 s group change)
+# The README promises exit within 5 s of SIGTERM; twice that leaves room for a loaded
+# machine and still fails a shutdown that waits for a call held for as long as the test.
+SHUTDOWN_GUARD_S = 10.0
+ALLOCATION_FAILED = "Container allocation failed"
 
 
 def device_count(count: int, generation: int = 1) -> Callable[[ResourceView], bool]:
@@ -71,15 +84,6 @@ def sent(h: FaultHarness, resource: str = NPU) -> int:
 
 def groups(h: FaultHarness) -> dict[str, list[str]]:
     return {g: sorted(n) for g, n in h.node.groups().items() if g != "0"}
-
-
-def no_crash_records(h: FaultHarness) -> None:
-    bad = [
-        r
-        for r in h.daemon.records
-        if r.get("msg") in ("Unexpected internal error; exiting", "<<not json>>")
-    ]
-    assert not bad, bad
 
 
 async def rejected(h: FaultHarness, resource: str, ids: list[str]) -> str:
@@ -127,13 +131,15 @@ async def restart_storm(restarts: int) -> None:
             for generation in range(2, restarts + 2):
                 await h.kubelet.restart()
                 for resource, count in SRIOV_COUNTS.items():
-                    await h.kubelet.wait_for(resource, device_count(count, generation), 10)
-                await asyncio.sleep(0.2)  # let some allocations run against this instance
+                    await h.kubelet.wait_for(resource, device_count(count, generation))
+                # Some allocation succeeds against this instance before the next restart.
+                served = outcomes["ok"]
+                await wait_until(lambda s=served: outcomes["ok"] > s, 30, "an allocation")
         finally:
             stop.set()
             await asyncio.gather(*workers)
 
-        assert outcomes["ok"] > 0, outcomes
+        assert outcomes["ok"] >= restarts, outcomes
         # Failures are the plugin going away under a call, never a broken allocation.
         assert not details, details
         for resource, count in SRIOV_COUNTS.items():
@@ -144,7 +150,8 @@ async def restart_storm(restarts: int) -> None:
             assert len(response.container_responses) == 1
         groups_are_consistent(h.node)
         await assert_settles(h, base, list(SRIOV_COUNTS))
-        no_crash_records(h)
+        # An allocation cut off by a restart is the plugin going away, logged as a failure.
+        no_crash_records(h.daemon, [ALLOCATION_FAILED])
 
 
 async def test_kubelet_restarts_while_allocations_run() -> None:
@@ -170,20 +177,29 @@ async def test_scans_slower_than_the_interval_never_overlap_and_recover() -> Non
         base = await take_baseline(h, [NPU])
         h.node.inject_fault(Fault("slow", commands=("list",), delay=1.0, remaining=3))
         await wait_until(lambda: not h.node.store.read().faults)
-        # Three slow scans, then quick ones again.
-        await next_reconcile(h.daemon, lambda r: r["durationMs"] < 900)
-        await assert_settles(h, base, [NPU])
 
-        scans = [c for c in smi_calls(calls_log) if c.args == "-j" and c.end is not None]
-        slow = [c for c in scans if c.end is not None and c.end - c.start >= 1.0]
-        assert len(slow) >= 3  # the three injected delays (never fewer)
-        for earlier, later in itertools.pairwise(scans):
+        def scans() -> list[SmiCall]:
+            return [c for c in smi_calls(calls_log) if c.args == "-j" and c.end is not None]
+
+        # Three slow scans, then a normal one again: one that started after the last
+        # slow one ended and has finished too.
+        def slow() -> list[SmiCall]:
+            return [c for c in scans() if c.end is not None and c.end - c.start >= 1.0]
+
+        await wait_until(
+            lambda: len(slow()) >= 3 and scans()[-1].start > (slow()[-1].end or 0),
+            30,
+            "a normal scan after the slow ones",
+        )
+        await assert_settles(h, base, [NPU])
+        assert len(slow()) >= 3  # the three injected delays (never fewer)
+        for earlier, later in itertools.pairwise(scans()):
             assert earlier.end is not None and later.start >= earlier.end, (earlier, later)
         view = h.kubelet.view(NPU)
         assert view is not None
         # Slow is not failed: the kubelet saw neither a gap nor a re-registration.
         assert (view.generation, view.messages, view.count("Healthy")) == (1, 1, 4)
-        assert not h.daemon.find(DISCOVERY_FAILED)
+        no_crash_records(h.daemon)  # no discovery failure, nor any other error
 
 
 @pytest.mark.parametrize("mode", ["error", "garbage"])
@@ -199,6 +215,7 @@ async def test_one_failed_scan_heals_by_itself(mode: str) -> None:
         failures = h.daemon.find(DISCOVERY_FAILED)
         assert len(failures) == 1
         assert not h.node.store.read().faults
+        no_crash_records(h.daemon, [DISCOVERY_FAILED])
 
 
 @pytest.mark.parametrize(
@@ -227,6 +244,7 @@ async def test_one_failed_rbln_smi_call_during_allocate_heals_by_itself(
         assert groups(h) == {next(iter(groups(h))): ["rbln0", "rbln1"]}
         groups_are_consistent(h.node)
         await assert_settles(h, base, [NPU])
+        no_crash_records(h.daemon, [ALLOCATION_FAILED] if expected else [])
 
 
 # ---------------------------------------------------------------- c. status files
@@ -245,7 +263,7 @@ async def test_flapping_unreadable_and_deleted_status_files() -> None:
             else:  # neither health nor shown status changes: nothing is logged
                 await next_reconcile(h.daemon)
                 await next_reconcile(h.daemon)
-            view = await h.kubelet.wait_for(NPU, lambda v: v.health("rbln1") == health, 3)
+            view = await h.kubelet.wait_for(NPU, lambda v: v.health("rbln1") == health)
             assert view.count("Healthy") == 3 + (health == "Healthy"), view
 
         await step(4, "Unhealthy", "FAULT")
@@ -275,10 +293,11 @@ async def test_flapping_unreadable_and_deleted_status_files() -> None:
         h.node.set_status("rbln3", 4)
         await next_reconcile(h.daemon)
         view = await h.kubelet.wait_for(
-            NPU, lambda v: v.health("rbln2") == "Healthy" and v.health("rbln3") == "Unhealthy", 3
+            NPU, lambda v: v.health("rbln2") == "Healthy" and v.health("rbln3") == "Unhealthy"
         )
         assert view.health("rbln0") == "Healthy" and view.health("rbln1") == "Healthy"
         await assert_settles(h, base, [NPU])
+        no_crash_records(h.daemon)
 
 
 # ---------------------------------------------------------------- d. inventory changes
@@ -290,28 +309,28 @@ async def test_devices_added_removed_and_repartitioned_between_scans() -> None:
 
         device = h.node.layout.device("rbln3")
         h.node.remove_device("rbln3")
-        await h.kubelet.wait_for(NPU, lambda v: v.ids == ["rbln0", "rbln1", "rbln2"], 5)
+        await h.kubelet.wait_for(NPU, lambda v: v.ids == ["rbln0", "rbln1", "rbln2"])
         h.node.add_device(device)
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4, 5)
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
 
         h.node.repartition("rbln0", 4)  # vf-4: the PF is no longer advertised itself
-        vf4 = await h.kubelet.wait_for(VF4, lambda v: len(v.devices) == 4, 5)
+        vf4 = await h.kubelet.wait_for(VF4, lambda v: len(v.devices) == 4)
         assert vf4.ids == ["rbln0-0", "rbln0-1", "rbln0-2", "rbln0-3"]
-        await h.kubelet.wait_for(NPU, lambda v: v.ids == ["rbln1", "rbln2", "rbln3"], 5)
+        await h.kubelet.wait_for(NPU, lambda v: v.ids == ["rbln1", "rbln2", "rbln3"])
         assert h.sockets() == expected_sockets([NPU, VF4])
         response = await h.kubelet.allocate(VF4, [["rbln0-2", "rbln0-1"]])
         assert response.container_responses[0].devices[0].container_path == "/dev/rsd0"
 
         h.node.repartition("rbln0", 1)  # vf-1: the vf-4 plugin goes away
         await h.daemon.await_log(stopped, resourceName=VF4)
-        vf1 = await h.kubelet.wait_for(VF1, lambda v: v.ids == ["rbln0-0"], 5)
+        vf1 = await h.kubelet.wait_for(VF1, lambda v: v.ids == ["rbln0-0"])
         assert vf1.health("rbln0-0") == "Healthy"
         assert h.kubelet.stream_ended(VF4) is not None
         assert h.sockets() == expected_sockets([NPU, VF1])
 
         h.node.repartition("rbln0", 0)  # back to a plain PF
         await h.daemon.await_log(stopped, resourceName=VF1)
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4, 5)
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         assert h.sockets() == expected_sockets([NPU])
 
         for name in ("rbln0", "rbln1", "rbln2", "rbln3"):
@@ -322,7 +341,7 @@ async def test_devices_added_removed_and_repartitioned_between_scans() -> None:
         view = await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and v.ids == ["rbln3"])
         assert view.count("Healthy") == 1
         await assert_settles(h, base, [NPU])
-        no_crash_records(h)
+        no_crash_records(h.daemon)
 
 
 # ---------------------------------------------------------------- e. kubelet directory
@@ -333,18 +352,22 @@ async def test_kubelet_directory_renamed_away_and_back() -> None:
         kdir = h.node.kubelet_dir
         away = kdir.with_name("kubelet.away")
         kdir.rename(away)
-        await h.daemon.await_log("Device plugin socket was removed; restarting the plugin")
+        socket_path = str(kdir / socket_name(NPU))
+        # The plugin's socket is gone (a warn naming it), so the plugin starts again ...
+        await h.daemon.await_log(None, level="warn", resourceName=NPU, socketPath=socket_path)
+        # ... and the daemon waits for the kubelet's directory, without creating it.
         (missing,) = await h.daemon.await_log(KUBELET_DIR_MISSING)
         assert missing["level"] == "warn" and missing["path"] == str(kdir)
         await next_reconcile(h.daemon)
         assert not kdir.exists()  # waited for, never created
         away.rename(kdir)
         await h.daemon.await_log(KUBELET_DIR_FOUND, path=str(kdir))
-        view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0, 10)
+        view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0)
         assert view.count("Healthy") == 4
         await assert_settles(h, base, [NPU])
         assert h.entries() == expected_entries([NPU])
         assert len(h.daemon.find(KUBELET_DIR_MISSING)) == 1
+        no_crash_records(h.daemon, [REGISTRATION_FAILED])
 
 
 async def test_kubelet_directory_deleted_then_kubelet_comes_back() -> None:
@@ -359,11 +382,12 @@ async def test_kubelet_directory_deleted_then_kubelet_comes_back() -> None:
         assert h.daemon.proc.poll() is None
         assert not h.node.kubelet_dir.exists()
         await h.kubelet.start()
-        view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0, 10)
+        view = await h.kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0)
         assert view.count("Healthy") == 4
         await assert_settles(h, base, [NPU])
         assert h.entries() == expected_entries([NPU])
         assert len(h.daemon.find(KUBELET_DIR_MISSING)) == 1
+        no_crash_records(h.daemon, [REGISTRATION_FAILED])
 
 
 # ---------------------------------------------------------------- f. stale socket files
@@ -382,9 +406,8 @@ async def test_stale_files_at_plugin_socket_paths_are_replaced() -> None:
 
     async with launch("rebel-sriov", before_start=litter) as h:
         await registered(h, {NPU: 2, VF4: 4})
-        await h.daemon.await_log(
-            "Cannot start device plugin server; retrying next scan", resourceName=VF1
-        )
+        # An error naming the resource and the path it cannot take over.
+        await h.daemon.await_log(None, level="error", resourceName=VF1, socketPath=str(blocker))
         assert h.kubelet.view(VF1) is None
         assert blocker is not None
         blocker.rmdir()
@@ -394,6 +417,7 @@ async def test_stale_files_at_plugin_socket_paths_are_replaced() -> None:
         assert h.entries() == expected_entries(SRIOV_COUNTS)
         response = await h.kubelet.allocate(NPU, [["rbln2"]])
         assert len(response.container_responses) == 1
+        no_crash_records(h.daemon, [SERVER_FAILED])
 
 
 # ---------------------------------------------------------------- g. RSD lock contention
@@ -448,38 +472,45 @@ async def test_allocates_racing_a_lock_held_by_another_process() -> None:
         assert sorted(groups(h).values()) == [["rbln0-0", "rbln0-1"], ["rbln2"]]
         groups_are_consistent(h.node)
         await assert_settles(h, base, list(SRIOV_COUNTS))
+        no_crash_records(h.daemon, [ALLOCATION_FAILED])
 
 
 # ---------------------------------------------------------------- h. SIGTERM mid-Allocate
 async def test_sigterm_during_an_allocate() -> None:
-    calls_log = None
-
-    def wrap(node: SimNode) -> None:
-        nonlocal calls_log
-        calls_log = trace_smi(node)
-
-    async with launch("rebel-4", before_start=wrap) as h:
-        assert calls_log is not None
+    async with launch("rebel-4") as h:
         await registered(h, {NPU: 4})
-        h.node.inject_fault(Fault("slow", commands=("group-create",), delay=5.0, remaining=1))
+        h.node.inject_fault(Fault("hold", commands=("group-create",), remaining=1))
         call = asyncio.create_task(h.kubelet.allocate(NPU, [["rbln0", "rbln1"]]))
-        # Consumed: group-create is now sleeping.
-        await wait_until(lambda: not h.node.store.read().faults)
-        (create,) = [c for c in smi_calls(calls_log) if c.args.startswith("group -c")]
-        assert create.end is None
-
-        code = await asyncio.to_thread(h.daemon.stop, signal.SIGTERM, 6)
-        assert code == 0
-        with pytest.raises(grpc.aio.AioRpcError):
-            await asyncio.wait_for(call, 5)
-        assert h.sockets() == ["kubelet.sock"]
-        assert lock_is_free(h.node.rsd_lock_path)
-        # The daemon took its rbln-smi child down with it: nothing changes groups later.
-        # (Its injected delay is 5 s: still alive a second after the exit means orphaned.)
-        await wait_until(lambda: not pid_alive(create.pid), 1, "rbln-smi outlived the daemon")
-        assert groups(h) in ({}, {"1": ["rbln0", "rbln1"]})
+        # group-create is in flight, held until released (never, here).
+        await wait_until(lambda: bool(h.node.held()), 30, "the group-create call")
+        ((create_pid, command),) = h.node.held()
+        assert command == "group-create"
+        try:
+            code = await asyncio.to_thread(h.daemon.stop, signal.SIGTERM, SHUTDOWN_GUARD_S)
+            assert code == 0
+            with pytest.raises(grpc.aio.AioRpcError):
+                await asyncio.wait_for(call, CALL_GUARD_S)
+            assert h.sockets() == ["kubelet.sock"]
+            # The daemon took its rbln-smi child down with it: nothing changes groups
+            # later. A held call never ends by itself, so an orphan would stay alive.
+            await wait_until(
+                lambda: not pid_alive(create_pid), 30, "rbln-smi to go with the daemon"
+            )
+            assert lock_is_free(h.node.rsd_lock_path)
+        finally:
+            h.node.release_held()  # an orphan (the failure above) ends as it would have
+        assert groups(h) == {}  # the held create never ran
         groups_are_consistent(h.node)
-        no_crash_records(h)
+        # FINDINGS (reported, not fixed here: shutdown is another change's scope).
+        # Stopping the server cancels the in-flight Allocate after its grace period; gRPC
+        # logs that cancellation as an error record, and the cancelled rbln-smi reap is
+        # still pending when the loop closes, leaving asyncio tracebacks on stderr.
+        cut_off = "Exception not handled by _handle_exceptions in servicer method"
+        no_crash_records(
+            h.daemon,
+            [ALLOCATION_FAILED, f"{cut_off} [/v1beta1.DevicePlugin/Allocate]"],
+            check_stderr=False,
+        )
         assert h.daemon.find("Shutdown complete", signal="SIGTERM")
 
 
@@ -488,7 +519,7 @@ async def test_sigkilled_daemon_is_replaced_by_a_clean_instance() -> None:
     async with launch("rebel-sriov") as h:
         await registered(h, SRIOV_COUNTS)
         h.node.set_status("rbln2", 4)
-        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Unhealthy", 5)
+        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Unhealthy")
         h.node.set_status("rbln2", "garbage")  # the old instance keeps it Unhealthy
         await h.daemon.await_log("Device state changed", status="UNREADABLE (last read FAULT)")
 
@@ -507,3 +538,4 @@ async def test_sigkilled_daemon_is_replaced_by_a_clean_instance() -> None:
         assert h.entries() == expected_entries(SRIOV_COUNTS)
         response = await h.kubelet.allocate(VF1, [["rbln1-0"]])
         assert len(response.container_responses) == 1
+        no_crash_records(h.daemon)

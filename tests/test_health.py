@@ -187,6 +187,9 @@ def test_rule_new_instance_starts_empty() -> None:
     fresh = HealthHistory()
     assert len(fresh) == 0
     assert fresh.observe("rbln3", UNREADABLE_READ).health is Health.HEALTHY
+    # The old instance is untouched by the new one: histories are never shared.
+    assert old.observe("rbln3", UNREADABLE_READ).health is Health.UNHEALTHY
+    assert old.unresolved("rbln3") is not None
 
 
 def test_rule_scans_and_allocate_share_one_ordered_history() -> None:

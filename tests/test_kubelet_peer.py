@@ -28,7 +28,8 @@ from .conftest import KUBELET_PEER_BUILDS
 from .daemon_process import DaemonProcess
 from .kubelet_peer import VERSIONS, Build, KubeletPeer, pod
 
-pytestmark = pytest.mark.kubelet_peer
+# Slow too: a Go build of each kubelet on first use, then a real device manager per test.
+pytestmark = [pytest.mark.kubelet_peer, pytest.mark.slow]
 
 NPU = "rebellions.ai/npu"
 VF1 = "rebellions.ai/npu-vf1"
@@ -318,8 +319,12 @@ def test_kubelet_restart_keeps_allocations_history_and_one_instance(kube: Build)
         started = s.restart_kubelet()
         for resource in SRIOV_DEVICES:
             (request, *_) = s.peer.wait_log(REGISTER, resourceName=resource)
-            # The README's promise (inotify, no poll); generous for a loaded machine.
-            assert request["t"] - started <= 1000, (resource, request["t"] - started)
+            # The README promises 1 s (bench/ measures it): a generous 5 s here only fails
+            # a daemon that waited for a later scan; how it learnt is checked below.
+            assert request["t"] - started <= 5000, (resource, request["t"] - started)
+        # From the directory watch (inotify), not from a poll.
+        (watching,) = s.daemon.find("Watching for kubelet restarts")
+        assert watching["mode"] == "inotify"
         # The history survived: rbln3 is still Unhealthy in the first list after restart.
         (first,) = s.peer.wait_log(UPDATED, resourceName=NPU)
         assert (first["totalCount"], first["healthyCount"]) == (2, 1)

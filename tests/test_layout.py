@@ -199,6 +199,7 @@ def build_wheel(project: Path, outdir: Path) -> zipfile.ZipFile:
     return zipfile.ZipFile(wheel)
 
 
+@pytest.mark.slow  # builds a wheel
 def test_runtime_wheel_holds_the_daemon_and_nothing_of_the_simulator(tmp_path: Path) -> None:
     with build_wheel(REPO, tmp_path) as wheel:
         names = wheel.namelist()
@@ -217,6 +218,7 @@ def test_runtime_wheel_holds_the_daemon_and_nothing_of_the_simulator(tmp_path: P
     print(f"runtime wheel: {len(code)} files, {sum(1 for n in code if n.endswith('.py'))} modules")
 
 
+@pytest.mark.slow  # builds a wheel
 def test_simulator_wheel_holds_the_simulator_only(tmp_path: Path) -> None:
     with build_wheel(REPO / "sim", tmp_path) as wheel:
         code = {n for n in wheel.namelist() if not n.split("/", 1)[0].endswith(".dist-info")}

@@ -7,6 +7,8 @@ import json
 import os
 import threading
 
+import pytest
+
 from rbln_device_plugin.telemetry.logsink import QueuedSink
 
 F_SETPIPE_SZ = 1031
@@ -91,4 +93,22 @@ def test_close_gives_up_on_a_blocked_output() -> None:
     for _ in range(200):
         sink.write("y" * 200)
     assert not sink.close(0.3)  # bounded: the writer stays blocked, close returns
-    os.close(read_fd)  # the blocked write now fails; the writer must not crash the process
+    os.close(read_fd)  # the blocked write now fails with EPIPE
+
+
+def test_the_writer_survives_a_reader_that_goes_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EPIPE (the collector is gone) loses lines, never the writer thread or the process."""
+    thread_errors: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(write_fd, F_SETPIPE_SZ, 4096)
+    sink = QueuedSink(write_fd, notice)
+    for _ in range(200):
+        sink.write("y" * 200)  # more than the pipe holds: the writer blocks in write()
+    os.close(read_fd)  # ... and its write fails with EPIPE
+    # The writer carries on: later lines are taken off the queue (and lost) as before.
+    for i in range(100):
+        sink.write(str(i))
+    assert sink.flush(30), "the writer stopped draining the queue after EPIPE"
+    assert sink.close(30)
+    assert thread_errors == []

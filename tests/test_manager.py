@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+from structlog.testing import capture_logs
 
 from rbln_device_plugin import options
 from rbln_device_plugin.host.scan import DiscoveryError, ScanResult
@@ -39,9 +42,11 @@ class ScriptedScanner:
             self.running -= 1
 
 
-async def run_manager(
-    tmp: Path, scanner: ScriptedScanner, until: Callable[[], bool], interval: str = "50ms"
-) -> tuple[Manager, KubeletStub]:
+@asynccontextmanager
+async def managing(
+    tmp: Path, scanner: ScriptedScanner, interval: str = "50ms"
+) -> AsyncIterator[tuple[Manager, KubeletStub]]:
+    """A Manager running its scan loop against a kubelet stub until the block ends."""
     config = options.parse(
         ["--kubelet-device-plugin-path", str(tmp / "kubelet"), "--cdi-root", str(tmp / "cdi"),
          "--sysfs-root", str(tmp / "sys"), "--dev-root", str(tmp / "dev"),
@@ -50,23 +55,36 @@ async def run_manager(
     )  # fmt: skip
     kubelet = KubeletStub(config.kubelet_dir)
     await kubelet.start()
-    ready = asyncio.Event()
-
-    async def first_scan() -> None:
-        ready.set()
-
-    manager = Manager(config, disabled().tracer, first_scan, scanner=scanner)  # type: ignore[arg-type]
+    manager = Manager(config, disabled().tracer, _nothing, scanner=scanner)  # type: ignore[arg-type]
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:
-        async with asyncio.timeout(10):
-            while not until():  # noqa: ASYNC110 - polling a plain predicate
-                await asyncio.sleep(0.02)
-        assert ready.is_set()
+        yield manager, kubelet
     finally:
         stop.set()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 30)  # a hang guard: the loop stops at once
         await kubelet.stop()
+
+
+async def _nothing() -> None:
+    pass
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Poll a counter of the scripted scanner (nothing announces it)."""
+    try:
+        async with asyncio.timeout(30):  # a hang guard, not a claim about speed
+            while not condition():  # noqa: ASYNC110 - polling a plain predicate
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"no {what} within 30 s") from None
+
+
+async def run_manager(
+    tmp: Path, scanner: ScriptedScanner, stop_when: Callable[[], bool], interval: str = "50ms"
+) -> tuple[Manager, KubeletStub]:
+    async with managing(tmp, scanner, interval) as (manager, kubelet):
+        await until(stop_when, "the scripted scans")
     return manager, kubelet
 
 
@@ -77,8 +95,13 @@ async def test_unexpected_scan_error_is_a_discovery_failure_not_a_crash(short_tm
         return ScanResult({RESOURCE_NPU: (device(0), device(1))})
 
     scanner = ScriptedScanner(answer)
-    manager, kubelet = await run_manager(short_tmp, scanner, lambda: scanner.calls >= 4)
-    assert manager.plugins == {}  # stopped at shutdown
+    with capture_logs() as logs:
+        _, kubelet = await run_manager(short_tmp, scanner, lambda: scanner.calls >= 4)
+    # Both bugs were reported as failed scans, and the loop went on to register.
+    failures = [e for e in logs if e["event"].startswith("Device discovery failed")]
+    assert [(e["log_level"], e["err"]) for e in failures] == [
+        ("error", "internal error: RuntimeError('bug on odd input')")
+    ] * 2
     assert [r.resource for r in kubelet.registrations if r.accepted] == [RESOURCE_NPU]
 
 
@@ -100,12 +123,31 @@ async def test_slow_scans_never_overlap(short_tmp: Path) -> None:
 
 
 async def test_discovery_failure_stops_plugins_and_resets_history(short_tmp: Path) -> None:
-    def answer(call: int) -> ScanResult:
-        if call == 3:
+    failing = False
+
+    def answer(_: int) -> ScanResult:
+        if failing:
             raise DiscoveryError("rbln-smi gone")
         return ScanResult({RESOURCE_NPU: (device(0),)})
 
+    status = short_tmp / "sys" / "class" / "rebellions" / "rbln0" / "status"
+    status.parent.mkdir(parents=True)
+    status.write_text("4\n")  # FAULT
     scanner = ScriptedScanner(answer)
-    _, kubelet = await run_manager(short_tmp, scanner, lambda: scanner.calls >= 5)
+    async with managing(short_tmp, scanner) as (_, kubelet):
+        await kubelet.wait_for(RESOURCE_NPU, lambda v: v.health("rbln0") == "Unhealthy")
+        # Unreadable after FAULT: the history keeps it Unhealthy, scan after scan.
+        status.unlink()
+        calls = scanner.calls
+        await until(lambda: scanner.calls >= calls + 2, "two scans of the unreadable status")
+        view = kubelet.view(RESOURCE_NPU)
+        assert view is not None and view.generation == 1 and view.health("rbln0") == "Unhealthy"
+        # A discovery failure stops the plugin ...
+        failing = True
+        await kubelet.wait_for(RESOURCE_NPU, lambda v: v.ended is not None)
+        # ... and the one registered after it starts with an empty history.
+        failing = False
+        view = await kubelet.wait_for(RESOURCE_NPU, lambda v: v.generation == 2 and v.messages > 0)
+        assert view.health("rbln0") == "Healthy"
     accepted = [r for r in kubelet.registrations if r.accepted]
     assert len(accepted) == 2  # registered, stopped by the failure, registered again

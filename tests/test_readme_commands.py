@@ -161,6 +161,7 @@ def test_only_the_cluster_commands_are_left_out() -> None:
     assert len(found) >= 25
 
 
+@pytest.mark.slow  # runs the demo and every simulator command the README shows
 def test_simulator_demo_and_troubleshooting_commands_run_as_printed(fresh: Path) -> None:
     found = [c for c in readme_commands(*SECTIONS[1:]) if c.text not in NEEDS_A_CLUSTER]
     kept = run_in_order(found, fresh)

@@ -1,12 +1,16 @@
-"""RSD group recreation against a stateful fake rbln-smi (a real executable, real flock)."""
+"""RSD group recreation against the simulator's rbln-smi (a real executable, real flock).
+
+The simulator refuses what the real tool refuses (a device already in a group, an
+existing group id, ...), so a recreation that skipped a step fails here as on a node.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +27,7 @@ from rbln_device_plugin.host.devnodes import (
 )
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.rsd import (
+    LOCK_TIMEOUT_S,
     GroupEntry,
     RsdError,
     RsdGroup,
@@ -31,108 +36,66 @@ from rbln_device_plugin.host.rsd import (
     recreate_rsd_group,
     rsd_lock,
 )
+from rbln_device_plugin_sim.layout import Layout, SimDevice
+from rbln_device_plugin_sim.node import materialize
+from rbln_device_plugin_sim.state import Fault
 
-# The fake keeps its devices in state.json and mimics the three commands used here.
-# Faults: state["fail"][cmd] = exit code, state["hang"][cmd] = seconds, state["no_node"],
-# state["garbage"][cmd]. cmd is "list", "destroy" or "create".
-FAKE = r"""
-import fcntl, json, os, sys, time
-state_path, dev_root, calls = sys.argv[1], sys.argv[2], sys.argv[3]
-args = sys.argv[4:]
-with open(state_path + ".lock", "a") as guard:
-    fcntl.flock(guard, fcntl.LOCK_EX)  # the fake's own consistency, not the plugin's lock
-    state = json.load(open(state_path))
-    cmd = {"-g": "list", "-d": "destroy", "-c": "create"}[args[0] if args[0] == "-g" else args[1]]
-    open(calls, "a").write(" ".join(args) + "\n")
-    if cmd in state.get("hang", {}):
-        time.sleep(state["hang"][cmd])
-    if cmd in state.get("fail", {}):
-        print(f"{cmd} failed", file=sys.stderr)
-        sys.exit(state["fail"][cmd])
-    if cmd in state.get("garbage", {}):
-        print("not json")
-        sys.exit(0)
-    devices = state["devices"]
-    if cmd == "list":
-        out = [{"npu": d["npu"], "name": "RBLN-CA25", "device": f"rbln{d['npu']}",
-                "group_id": d["group"], "pci": {"bus_id": d["bus"], "numa_node": "0"}}
-               for d in devices]
-        print(json.dumps({"KMD_version": "1", "devices": out}))
-    elif cmd == "destroy":
-        for gid in args[2].split(","):
-            for d in devices:
-                if d["group"] == gid:
-                    d["group"] = "0"
-            try:
-                os.unlink(os.path.join(dev_root, "rsd" + gid))
-            except FileNotFoundError:
-                pass
-    else:
-        gid, npus = args[2], [int(n) for n in args[4].split(",")]
-        for d in devices:
-            if d["npu"] in npus:
-                d["group"] = gid
-        if not state.get("no_node"):
-            open(os.path.join(dev_root, "rsd" + gid), "w").close()
-    json.dump(state, open(state_path, "w"))
-"""
+from .fault_helpers import smi_calls, trace_smi, wait_until
 
-BUS = [f"0000:{0x05 + i:02x}:00.0" for i in range(4)]
+# Bus IDs with hex letters, so an upper-case request can be told from a lower-case one.
+BUS = [f"0000:{0x0A + i:02x}:00.0" for i in range(4)]
 
 
-class FakeNode:
+class RsdNode:
+    """Four devices (npu i = rbln<i> = BUS[i]) on a simulated node, groups set up first."""
+
     def __init__(self, root: Path, groups: list[str] | None = None) -> None:
-        self.root = root
-        self.dev = root / "dev"
-        self.dev.mkdir()
-        self.state_path = root / "state.json"
-        self.calls_path = root / "calls"
-        self.lock = root / "run" / "nested" / "rsd.lock"
-        script = root / "fake_smi.py"
-        script.write_text(FAKE)
-        self.smi = root / "rbln-smi"
-        self.smi.write_text(
-            f"#!/bin/sh\nexec {sys.executable} {script} {self.state_path} {self.dev} "
-            f'{self.calls_path} "$@"\n'
+        devices = tuple(
+            SimDevice(f"rbln{i}", i, "RBLN-CA25", bus, pci_path=("pci0000:00", bus))
+            for i, bus in enumerate(BUS)
         )
-        self.smi.chmod(0o755)
-        groups = groups or ["0"] * len(BUS)
-        self.write(
-            {
-                "devices": [
-                    {"npu": i, "bus": b, "group": g}
-                    for i, (b, g) in enumerate(zip(BUS, groups, strict=True))
-                ]
-            }
-        )
+        self.sim = materialize(Layout("rsd-test", devices), root / "node")
+        self.dev = self.sim.dev_root
+        self.lock = self.sim.root / "run" / "nested" / "rsd.lock"
+        wanted: dict[str, list[int]] = {}
+        for npu, gid in enumerate(groups or []):
+            if gid != "0":
+                wanted.setdefault(gid, []).append(npu)
+        for gid, npus in wanted.items():  # through the tool itself, as a node would get them
+            self.smi("group", "-c", gid, "-a", ",".join(map(str, npus)))
+        self.calls_log = trace_smi(self.sim)  # from here on every call is recorded
 
-    def write(self, state: dict[str, Any]) -> None:
-        self.state_path.write_text(json.dumps(state))
+    def smi(self, *args: str) -> None:
+        done = subprocess.run([str(self.sim.smi_path), *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
 
-    def state(self) -> dict[str, Any]:
-        return json.loads(self.state_path.read_text())  # type: ignore[no-any-return]
-
-    def fault(self, kind: str, cmd: str, value: Any = 1) -> None:
-        state = self.state()
-        state.setdefault(kind, {})[cmd] = value
-        self.write(state)
+    def fault(self, fault: Fault) -> None:
+        self.sim.inject_fault(fault)
 
     def groups(self) -> list[str]:
-        return [d["group"] for d in self.state()["devices"]]
+        by_name = {r["device"]: str(r["group_id"]) for r in self.sim.store.read().devices}
+        return [by_name[f"rbln{i}"] for i in range(4)]
 
     def calls(self) -> list[str]:
-        return self.calls_path.read_text().splitlines() if self.calls_path.exists() else []
+        return [c.args for c in smi_calls(self.calls_log)]
+
+    def no_node(self) -> None:
+        """The driver creates group nodes somewhere the daemon does not look."""
+        elsewhere = self.sim.root / "elsewhere"
+        elsewhere.mkdir()
+        with self.sim.store.transaction() as state:
+            state.dev_root = str(elsewhere)
 
     async def recreate(self, bus_ids: list[str], **kw: Any) -> RsdGroup:
         return await recreate_rsd_group(
-            self.smi, bus_ids, HostIO(), lock_path=self.lock, dev_root=self.dev,
+            self.sim.smi_path, bus_ids, HostIO(), lock_path=self.lock, dev_root=self.dev,
             accept_file_nodes=True, **kw,
         )  # fmt: skip
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> FakeNode:
-    return FakeNode(tmp_path)
+def node(short_tmp: Path) -> RsdNode:
+    return RsdNode(short_tmp)
 
 
 def lock_is_free(path: Path) -> bool:
@@ -168,7 +131,7 @@ def test_next_group_id_is_the_smallest_unused() -> None:
 
 
 # --------------------------------------------------------------------- happy paths
-async def test_fresh_group_for_sorted_bus_ids(node: FakeNode) -> None:
+async def test_fresh_group_for_sorted_bus_ids(node: RsdNode) -> None:
     with capture_logs() as logs:
         group = await node.recreate([BUS[2], BUS[0].upper()])
     assert group == RsdGroup(1, node.dev / "rsd1")
@@ -177,11 +140,15 @@ async def test_fresh_group_for_sorted_bus_ids(node: FakeNode) -> None:
     (record,) = [e for e in logs if e["event"] == "Recreated RSD group"]
     assert record["log_level"] == "debug"
     assert record["groupId"] == 1 and record["busIDs"] == [BUS[0], BUS[2]]
-    assert record["hostRsdPath"] == str(node.dev / "rsd1") and record["durationMs"] >= 0
+    assert record["hostRsdPath"] == str(node.dev / "rsd1")
+    # Two rbln-smi runs (each a Python start-up) happened inside the measured time.
+    calls = smi_calls(node.calls_log)
+    spent = sum((c.end or c.start) - c.start for c in calls) * 1000
+    assert record["durationMs"] >= spent
 
 
-async def test_existing_groups_of_the_devices_are_destroyed_first(tmp_path: Path) -> None:
-    node = FakeNode(tmp_path, ["1", "1", "2", "3"])
+async def test_existing_groups_of_the_devices_are_destroyed_first(short_tmp: Path) -> None:
+    node = RsdNode(short_tmp, ["1", "1", "2", "3"])
     group = await node.recreate([BUS[0], BUS[2]])
     assert node.calls()[:2] == ["-g -j", "group -d 1,2"]
     # After the destroy, only group 3 is in use, so 1 is free again.
@@ -189,14 +156,14 @@ async def test_existing_groups_of_the_devices_are_destroyed_first(tmp_path: Path
     assert node.groups() == ["1", "0", "1", "3"]
 
 
-async def test_new_id_skips_groups_used_by_other_devices(tmp_path: Path) -> None:
-    node = FakeNode(tmp_path, ["0", "1", "2", "0"])
+async def test_new_id_skips_groups_used_by_other_devices(short_tmp: Path) -> None:
+    node = RsdNode(short_tmp, ["0", "1", "2", "0"])
     group = await node.recreate([BUS[3]])
     assert group.group_id == 3
     assert node.groups() == ["0", "1", "2", "3"]
 
 
-async def test_lock_file_is_created_0644_with_parents(node: FakeNode) -> None:
+async def test_lock_file_is_created_0644_with_parents(node: RsdNode) -> None:
     old = os.umask(0o077)
     try:
         await node.recreate([BUS[0]])
@@ -207,7 +174,7 @@ async def test_lock_file_is_created_0644_with_parents(node: FakeNode) -> None:
 
 
 # --------------------------------------------------------------------- failures
-async def test_request_errors_touch_nothing(node: FakeNode) -> None:
+async def test_request_errors_touch_nothing(node: RsdNode) -> None:
     with pytest.raises(RsdError, match="no bus IDs"):
         await node.recreate([])
     with pytest.raises(RsdError, match="invalid bus IDs"):
@@ -215,74 +182,70 @@ async def test_request_errors_touch_nothing(node: FakeNode) -> None:
     assert node.calls() == []
 
 
-async def test_unlisted_bus_id_is_an_error(node: FakeNode) -> None:
+async def test_unlisted_bus_id_is_an_error(node: RsdNode) -> None:
     with pytest.raises(RsdError, match=r"does not list bus ID 0000:99:00\.0"):
         await node.recreate([BUS[0], "0000:99:00.0"])
     assert lock_is_free(node.lock)
     assert "group -c" not in " ".join(node.calls())
 
 
-async def test_non_numeric_group_id_is_an_error(tmp_path: Path) -> None:
-    node = FakeNode(tmp_path, ["0", "0", "0", "abc"])
+async def test_non_numeric_group_id_is_an_error(node: RsdNode) -> None:
+    with node.sim.store.transaction() as state:  # no real tool prints this; a broken one
+        state.devices[3]["group_id"] = "abc"
     with pytest.raises(RsdError, match="non-numeric"):
         await node.recreate([BUS[0]])
     assert lock_is_free(node.lock)
 
 
 @pytest.mark.parametrize(
-    ("cmd", "step"), [("list", "listing RSD groups"), ("create", "creating group 1")]
+    ("cmd", "step"), [("list-groups", "listing RSD groups"), ("group-create", "creating group 1")]
 )
 async def test_failing_command_names_the_step_and_releases_the_lock(
-    node: FakeNode, cmd: str, step: str
+    node: RsdNode, cmd: str, step: str
 ) -> None:
-    node.fault("fail", cmd, 7)
+    node.fault(Fault("error", (cmd,), exit_code=7, message=f"{cmd} failed"))
     with pytest.raises(RsdError, match=f"{step}: .*exited with code 7 .*{cmd} failed"):
         await node.recreate([BUS[0]])
     assert lock_is_free(node.lock)
 
 
-async def test_failing_destroy_names_the_groups(tmp_path: Path) -> None:
-    node = FakeNode(tmp_path, ["4", "0", "0", "0"])
-    node.fault("fail", "destroy", 2)
+async def test_failing_destroy_names_the_groups(short_tmp: Path) -> None:
+    node = RsdNode(short_tmp, ["4", "0", "0", "0"])
+    node.fault(Fault("error", ("group-delete",), exit_code=2))
     with pytest.raises(RsdError, match="destroying groups 4: "):
         await node.recreate([BUS[0]])
     assert lock_is_free(node.lock)
 
 
-async def test_garbage_listing_is_an_error(node: FakeNode) -> None:
-    node.fault("garbage", "list")
+async def test_garbage_listing_is_an_error(node: RsdNode) -> None:
+    node.fault(Fault("garbage", ("list-groups",)))
     with pytest.raises(RsdError, match="invalid JSON"):
         await node.recreate([BUS[0]])
     assert lock_is_free(node.lock)
 
 
-async def test_hanging_command_times_out_and_releases_the_lock(node: FakeNode) -> None:
-    node.fault("hang", "create", 60)
-    started = time.monotonic()
+async def test_hanging_command_times_out_and_releases_the_lock(node: RsdNode) -> None:
+    # The fault hangs for an hour: a recreation that waited for it would hang the test.
+    node.fault(Fault("hang", ("group-create",)))
     with pytest.raises(RsdError, match=r"creating group 1: .*timed out"):
         await node.recreate([BUS[0]], change_timeout=0.5)
-    assert time.monotonic() - started < 5
     assert lock_is_free(node.lock)
+    assert node.groups() == ["0"] * 4
 
 
-async def test_missing_rsd_node_fails_after_polling(node: FakeNode) -> None:
-    state = node.state()
-    state["no_node"] = True
-    node.write(state)
+async def test_missing_rsd_node_fails_after_polling(node: RsdNode) -> None:
+    node.no_node()
     with pytest.raises(RsdError, match=r"created group 1, but .*rsd1 did not appear within 0.3 s"):
         await node.recreate([BUS[0]], node_timeout=0.3)
     assert lock_is_free(node.lock)
 
 
-async def test_cancellation_releases_the_lock(node: FakeNode) -> None:
-    state = node.state()
-    state["no_node"] = True
-    node.write(state)
-    task = asyncio.create_task(node.recreate([BUS[0]], node_timeout=30))
-    for _ in range(300):
-        if any(c.startswith("group -c") for c in node.calls()):
-            break
-        await asyncio.sleep(0.02)
+async def test_cancellation_releases_the_lock(node: RsdNode) -> None:
+    node.no_node()
+    task = asyncio.create_task(node.recreate([BUS[0]], node_timeout=60))
+    # The group exists; the recreation polls for a node that never comes: cancel it there.
+    await wait_until(lambda: node.groups()[0] == "1", 30, "group 1 to be created")
+    assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -290,8 +253,8 @@ async def test_cancellation_releases_the_lock(node: FakeNode) -> None:
 
 
 # --------------------------------------------------------------------- concurrency
-async def test_concurrent_recreations_serialise_and_both_succeed(tmp_path: Path) -> None:
-    node = FakeNode(tmp_path, ["1", "1", "0", "0"])
+async def test_concurrent_recreations_serialise_and_both_succeed(short_tmp: Path) -> None:
+    node = RsdNode(short_tmp, ["1", "1", "0", "0"])
     first, second = await asyncio.gather(
         node.recreate([BUS[0], BUS[1]]), node.recreate([BUS[2], BUS[3]])
     )
@@ -313,8 +276,9 @@ async def test_concurrent_recreations_serialise_and_both_succeed(tmp_path: Path)
     assert first.host_path.exists() and second.host_path.exists()
 
 
+@pytest.mark.slow  # waits out the 5 s lock budget
 async def test_lock_held_by_another_process_times_out_without_blocking_the_loop(
-    node: FakeNode,
+    node: RsdNode,
 ) -> None:
     node.lock.parent.mkdir(parents=True)
     holder = await asyncio.create_subprocess_exec(
@@ -327,25 +291,22 @@ async def test_lock_held_by_another_process_times_out_without_blocking_the_loop(
     )
     try:
         assert holder.stdout is not None
-        assert (await asyncio.wait_for(holder.stdout.readline(), 10)).strip() == b"locked"
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.05)
-                ticks += 1
-
-        ticking = asyncio.create_task(ticker())
+        assert (await asyncio.wait_for(holder.stdout.readline(), 30)).strip() == b"locked"
         started = time.monotonic()
+        waiting = asyncio.create_task(node.recreate([BUS[0]]))  # default budget: 5 s
+        # The loop is free while the recreation waits: this coroutine runs again before
+        # the budget can run out (the wait ends only on a timer, and the loop turns to
+        # timers after every ready callback, this one included).
+        await asyncio.sleep(0)
+        assert not waiting.done()
         with pytest.raises(
             RsdError, match=r"timed out after 5 s waiting for the RSD lock .*rsd.lock"
         ):
-            await node.recreate([BUS[0]])  # default budget: 5 s
+            await waiting
         elapsed = time.monotonic() - started
-        ticking.cancel()
-        assert 4.9 <= elapsed < 7
-        assert ticks >= 20  # the loop kept running while we waited for the lock
+        # The budget is the behaviour: never given up early; the upper bound is generous
+        # (a loaded machine) and only catches a wait far past the budget.
+        assert LOCK_TIMEOUT_S - 0.1 <= elapsed < 3 * LOCK_TIMEOUT_S
         assert node.calls() == []
     finally:
         holder.kill()
@@ -371,7 +332,7 @@ async def test_lock_waits_for_a_short_holder(tmp_path: Path) -> None:
 async def test_wait_for_nodes_returns_once_nodes_appear(tmp_path: Path) -> None:
     target = tmp_path / "rsd3"
     asyncio.get_running_loop().call_later(0.2, target.touch)
-    await wait_for_nodes([target], HostIO(), timeout=5, interval=0.05, accept_files=True)
+    await wait_for_nodes([target], HostIO(), timeout=30, interval=0.05, accept_files=True)
     assert target.exists()
 
 

@@ -24,6 +24,9 @@ from rbln_device_plugin_sim.state import Fault
 
 from .fault_helpers import groups_are_consistent, smi_calls, trace_smi
 
+# Hundreds of recreations on twin nodes, each several rbln-smi runs.
+pytestmark = pytest.mark.slow
+
 FAULTS = (
     Fault("error", commands=("group-create",), remaining=1),
     Fault("error", commands=("group-delete",), remaining=1),

@@ -6,7 +6,6 @@ records which files each scan touched.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,8 @@ from rbln_device_plugin.host.scan import Scanner, ScanResult
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize
+
+from .fault_helpers import wait_until
 
 T = TypeVar("T")
 
@@ -152,9 +153,6 @@ async def test_a_pci_link_that_never_resolves_costs_only_that_devices_path(
         assert io.threads <= 2
     finally:
         release.set()
-    for _ in range(100):
-        if not io.stuck:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: not io.stuck, 30, "the held read to return")
     again = await scanner.scan()
     assert device(again, RESOURCE_NPU, "rbln2").pci_path == node.layout.device("rbln2").pci_path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,11 +104,10 @@ async def test_failing_rbln_smi_is_a_discovery_failure(sim: SimNode) -> None:
 
 
 async def test_hanging_rbln_smi_is_bounded_by_the_timeout(sim: SimNode) -> None:
+    # The fault hangs for an hour: a scan that waited for the tool would hang the test.
     sim.inject_fault(Fault("hang", ("list",)))
-    started = time.monotonic()
     with pytest.raises(DiscoveryError, match="timed out"):
         await scanner(sim, timeout=0.5).scan()
-    assert time.monotonic() - started < 4
 
 
 async def test_garbage_from_rbln_smi_is_a_discovery_failure(sim: SimNode) -> None:

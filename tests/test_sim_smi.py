@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,6 +152,45 @@ def test_hang_and_slow_answers_outlast_a_caller_timeout(node: SimNode) -> None:
     node.clear_faults()
     node.inject_fault(Fault("slow", delay=0.2))
     assert len(listing(node, "-j")["devices"]) == 32  # slow, but a full answer
+
+
+def test_a_held_invocation_waits_for_its_release_then_runs(node: SimNode) -> None:
+    node.inject_fault(Fault("hold", ("group-create",), remaining=1))
+    create = subprocess.Popen(
+        [str(node.smi_path), "group", "-c", "1", "-a", "0,1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30  # a hang guard: the marker is written at once
+        while not node.held() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert node.held() == [(create.pid, "group-create")]
+        # Held means not done: nothing has changed yet, and other commands still answer.
+        assert create.poll() is None
+        assert set(group_of(node).values()) == {"0"}
+        node.release_held()
+        _, err = create.communicate(timeout=30)
+    finally:
+        if create.poll() is None:
+            create.kill()
+            create.wait()
+    assert create.returncode == 0, err
+    assert node.held() == []
+    assert group_of(node)["rbln0"] == group_of(node)["rbln1"] == "1"
+
+
+def test_a_held_invocation_that_was_killed_is_not_listed(node: SimNode) -> None:
+    node.inject_fault(Fault("hold"))
+    stuck = subprocess.Popen([str(node.smi_path), "-j"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30  # a hang guard
+    while not node.held() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [pid for pid, _ in node.held()] == [stuck.pid]
+    stuck.kill()
+    stuck.wait()
+    assert node.held() == []
 
 
 def test_bad_fault_specs_and_broken_state_are_clear_errors(node: SimNode) -> None:

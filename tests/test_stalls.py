@@ -153,6 +153,7 @@ class SlowStatusFiles:
                 os.close(fd)
 
 
+@pytest.mark.slow  # a busy loop per core for a few seconds
 async def test_slow_status_reads_on_a_loaded_machine_are_not_stalls(loaded_machine: int) -> None:
     """Each read takes 0.4 s, a scan's batch of four 1.6 s: longer than the 1 s bound as a
     whole, never one read. With every core busy, no read is reported stalled."""
@@ -305,19 +306,17 @@ async def test_a_second_daemon_waits_for_the_first_instead_of_fighting() -> None
 
 
 # ---------------------------------------------------------------- 6. orphaned rbln-smi
+@pytest.mark.slow  # the successor waits out the 5 s lock budget once
 async def test_an_orphaned_rbln_smi_cannot_destroy_a_successors_group() -> None:
     async with launch("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         await h.kubelet.allocate(NPU, [["rbln0"]])
         assert h.node.groups()["1"] == ["rbln0"]
         calls = trace_smi(h.node)
-        h.node.inject_fault(Fault("slow", commands=("group-delete",), delay=2.0, remaining=1))
+        # The group -d runs until the test lets it go: the daemon dies in the middle of it.
+        h.node.inject_fault(Fault("hold", commands=("group-delete",), remaining=1))
         pending = asyncio.ensure_future(h.kubelet.allocate(NPU, [["rbln0"]]))
-
-        def destroying() -> bool:
-            return any(c.args.startswith("group -d") for c in smi_calls(calls))
-
-        await wait_until(destroying, 10, "the slow group -d to start")
+        await wait_until(lambda: bool(h.node.held()), 30, "the group -d to start")
         h.daemon.proc.send_signal(signal.SIGKILL)  # in the middle of the group change
         h.daemon.proc.wait(5)
         with pytest.raises(grpc.aio.AioRpcError):
@@ -328,9 +327,16 @@ async def test_an_orphaned_rbln_smi_cannot_destroy_a_successors_group() -> None:
         h.new_daemon()
         await h.daemon.await_log("Registered device plugin with kubelet", resourceName=NPU)
         await h.kubelet.wait_for(NPU, lambda v: v.generation == 2 and len(v.devices) == 4)
+        # While the orphan runs it holds the lock: the successor waits its 5 s budget for
+        # it and gives up, naming the lock, without having run rbln-smi at all.
+        message = await rejected(h, NPU, [["rbln0"]])
+        assert "waiting for the RSD lock" in message and str(h.node.rsd_lock_path) in message
+        later = [c for c in smi_calls(calls) if c.start > orphan.start and c.args != "-j"]
+        assert later == []  # scans list devices (-j); nothing touched a group
+        h.node.release_held()  # the orphan finishes its group -d, still under the lock
+        await wait_until(lambda: not pid_alive(orphan.pid), 30, "the orphan to finish")
         response = await h.kubelet.allocate(NPU, [["rbln0"]])
         host_rsd = response.container_responses[0].devices[0].host_path
-        await wait_until(lambda: not pid_alive(orphan.pid), 10, "the orphan to finish")
         # The successor's group is intact: the orphan finished before it listed groups.
         assert Path(host_rsd).exists()
         assert h.node.groups()[host_rsd.rsplit("rsd", 1)[1]] == ["rbln0"]

@@ -65,6 +65,7 @@ NODES = {
 }
 
 
+@pytest.mark.slow  # brute force on 64 devices
 @pytest.mark.parametrize("name", list(NODES))
 def test_brute_force_sizes_on_64_devices(name: str) -> None:
     cands = NODES[name]()
@@ -84,6 +85,7 @@ def test_brute_force_sizes_on_64_devices(name: str) -> None:
             assert got.capped is None
 
 
+@pytest.mark.slow  # every size of a 64-device node
 def test_half_unreadable_node_every_size_is_full_and_exact() -> None:
     cands = candidates(node_64_half_unreadable())
     allocator = Topology(cands)

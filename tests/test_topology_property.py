@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -90,6 +91,7 @@ def nodes(draw: st.DrawFn) -> list[Device]:
     return out
 
 
+@pytest.mark.slow  # brute force over every size of many generated nodes
 @settings(
     max_examples=EXAMPLES,
     derandomize=True,

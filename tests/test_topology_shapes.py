@@ -9,6 +9,7 @@ devices, IDs numbered against bus order) and compare every size with brute force
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -118,18 +119,21 @@ def _every_size(cands: dict[str, Candidate], data: st.DataObject, max_must: int)
         assert got.score.levels() == reference.levels(want)
 
 
+@pytest.mark.slow  # brute force over every size
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None)
 @given(cands=card_layouts(), data=st.data())
 def test_card_layouts_match_brute_force(cands: dict[str, Candidate], data: st.DataObject) -> None:
     _every_size(cands, data, 2)
 
 
+@pytest.mark.slow  # brute force over every size
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None)
 @given(cands=busy_layouts(), data=st.data())
 def test_busy_layouts_match_brute_force(cands: dict[str, Candidate], data: st.DataObject) -> None:
     _every_size(cands, data, 3)
 
 
+@pytest.mark.slow  # brute force over every size
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None)
 @given(cands=deep_trees(), data=st.data())
 def test_deep_trees_match_brute_force(cands: dict[str, Candidate], data: st.DataObject) -> None:

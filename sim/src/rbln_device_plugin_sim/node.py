@@ -165,6 +165,26 @@ class SimNode(NodePaths):
         with self.store.transaction() as state:
             state.faults.clear()
 
+    def held(self) -> list[tuple[int, str]]:
+        """rbln-smi invocations waiting in a HOLD fault, as (pid, command), by pid.
+
+        An invocation killed while held (its caller timed out or died) is not listed.
+        """
+        held = []
+        for marker in _entries(self.store.held_dir):
+            try:
+                command = marker.read_text(encoding="utf-8")
+            except FileNotFoundError:  # released meanwhile
+                continue
+            if command and _alive(int(marker.name)):
+                held.append((int(marker.name), command))
+        return sorted(held)
+
+    def release_held(self) -> None:
+        """Let every held invocation go on (each then runs its command as usual)."""
+        for marker in _entries(self.store.held_dir):
+            marker.unlink(missing_ok=True)
+
     def _device(self, name: str) -> SimDevice:
         try:
             return self.layout.device(name)
@@ -191,10 +211,27 @@ class SimNode(NodePaths):
         self.save_layout()
 
 
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 # What a node (and the tools around it) put under its root; --force removes only these.
 NODE_ENTRIES: Final = (
     "sys", "dev", "bin", "kubelet", "cdi", "run", LAYOUT_FILE, "smi-state.json",
-    "smi-state.json.lock", "layout.json.tmp", "daemon.log", "sim-control.sock",
+    "smi-state.json.lock", "smi-state.json.held", "layout.json.tmp", "daemon.log",
+    "sim-control.sock",
 )  # fmt: skip
 
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from rbln_device_plugin_sim.state import GARBAGE, HANG_SECONDS, SmiState, StateError, StateStore
+from rbln_device_plugin_sim.state import (
+    GARBAGE,
+    HANG_SECONDS,
+    HOLD,
+    SmiState,
+    StateError,
+    StateStore,
+)
 
 USAGE = (
     "usage: rbln-smi -j | rbln-smi -g -j | rbln-smi group -c <gid> -a <npu>[,<npu>...]"
@@ -123,7 +130,9 @@ def run(argv: list[str], store: StateStore, out: TextIO, err: TextIO) -> int:
         with store.transaction() as state:
             fault = state.take_fault(command.kind)
     if fault is not None:
-        if fault.mode == "hang":
+        if fault.mode == HOLD:
+            _hold(store, command.kind)
+        elif fault.mode == "hang":
             time.sleep(HANG_SECONDS)
         elif fault.mode == "slow":
             time.sleep(fault.delay)
@@ -151,6 +160,15 @@ def run(argv: list[str], store: StateStore, out: TextIO, err: TextIO) -> int:
     # pipe closed) does not undo it.
     out.write(report)
     return 0
+
+
+def _hold(store: StateStore, kind: str) -> None:
+    """Wait until the test deletes this invocation's marker, then carry on normally."""
+    store.held_dir.mkdir(exist_ok=True)
+    marker = store.held_dir / str(os.getpid())
+    marker.write_text(kind, encoding="utf-8")
+    while marker.exists():
+        time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None, state_path: str | None = None) -> int:

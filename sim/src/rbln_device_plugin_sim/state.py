@@ -21,6 +21,10 @@ from typing import Any, Final
 # The four things rbln-smi is asked to do; faults can target any subset of them.
 COMMANDS: Final = ("list", "list-groups", "group-create", "group-delete")
 FAULT_MODES: Final = ("error", "hang", "garbage", "slow")
+# "hold": the invocation waits, marked as held, until the test releases it and then runs
+# normally (``SimNode.held`` / ``release_held``). For tests that must act while a call is
+# in flight without guessing how long it takes; the CLI does not offer it (no release).
+HOLD: Final = "hold"
 HANG_SECONDS: Final = 3600.0
 GARBAGE: Final = "rbln-smi: \x1b[31m<<garbled output>>\x1b[0m {not json\n"
 
@@ -33,7 +37,7 @@ class StateError(Exception):
 class Fault:
     """How the next matching rbln-smi invocations misbehave."""
 
-    mode: str  # one of FAULT_MODES
+    mode: str  # one of FAULT_MODES, or HOLD
     commands: tuple[str, ...] = ()  # empty: every command
     delay: float = 0.0  # "slow": seconds to wait before answering
     exit_code: int = 1  # "error"
@@ -41,7 +45,7 @@ class Fault:
     remaining: int | None = None  # invocations left; None: until cleared
 
     def __post_init__(self) -> None:
-        if self.mode not in FAULT_MODES:
+        if self.mode not in (*FAULT_MODES, HOLD):
             raise StateError(f"unknown fault mode {self.mode!r}; choose from {FAULT_MODES}")
         bad = [c for c in self.commands if c not in COMMANDS]
         if bad:
@@ -117,6 +121,9 @@ class StateStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock_path = path.with_name(path.name + ".lock")
+        # Invocations waiting in a HOLD fault: one file each, named by the process id and
+        # holding the command; deleting the file releases that invocation.
+        self.held_dir = path.with_name(path.name + ".held")
 
     @contextmanager
     def _locked(self, exclusive: bool) -> Iterator[None]:
