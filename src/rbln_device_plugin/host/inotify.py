@@ -14,9 +14,11 @@ import ctypes
 import errno
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
+
+from rbln_device_plugin.waits import wait_any
 
 IN_MOVED_FROM: Final = 0x00000040
 IN_MOVED_TO: Final = 0x00000080
@@ -30,6 +32,9 @@ IN_IGNORED: Final = 0x00008000
 IN_ONLYDIR: Final = 0x01000000
 IN_NONBLOCK: Final = os.O_NONBLOCK
 IN_CLOEXEC: Final = os.O_CLOEXEC
+
+# The watched directory itself went away (deleted, renamed, unmounted): watch anew.
+DIRECTORY_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT
 
 _HEADER: Final = struct.Struct("iIII")  # wd, mask, cookie, len
 _READ_SIZE: Final = 64 * 1024
@@ -108,3 +113,45 @@ def parse_events(data: bytes) -> list[Event]:
         events.append(Event(mask, os.fsdecode(raw)))
         offset = start + length
     return events
+
+
+async def follow_entry(
+    directory: os.PathLike[str] | str,
+    name: str,
+    mask: int,
+    on_change: Callable[[], object],
+    until: Sequence[asyncio.Event],
+    poll_s: float,
+    on_mode: Callable[[str, str | None], None] = lambda mode, reason: None,
+) -> None:
+    """Call ``on_change`` whenever entry ``name`` of ``directory`` may have changed.
+
+    It is called once as each watch starts (for what happened before it existed), on
+    every batch of events that names the entry or overflowed the queue, and when the
+    directory itself goes, after which a new watch is tried. Without inotify it polls
+    every ``poll_s`` and tries inotify again each time; ``on_mode`` hears "inotify" or
+    "poll" (with the reason) before each start. Returns once any of ``until`` is set.
+    """
+    while not any(event.is_set() for event in until):
+        try:
+            watch = DirectoryWatch(directory, mask)
+        except InotifyUnavailable as exc:
+            on_mode("poll", str(exc))
+            on_change()
+            await wait_any(*until, timeout=poll_s)
+            continue
+        gone = asyncio.Event()
+
+        def on_events(events: list[Event], gone: asyncio.Event = gone) -> None:
+            if any(e.mask & DIRECTORY_GONE for e in events):
+                gone.set()
+            if gone.is_set() or any(e.name == name or e.mask & IN_Q_OVERFLOW for e in events):
+                on_change()
+
+        try:
+            watch.start(on_events)
+            on_mode("inotify", None)
+            on_change()
+            await wait_any(*until, gone)
+        finally:
+            watch.close()

@@ -22,17 +22,12 @@ from rbln_device_plugin.api import KUBELET_SOCKET
 from rbln_device_plugin.host import inotify
 from rbln_device_plugin.host.paths import FileIdentity, file_identity
 from rbln_device_plugin.telemetry.logs import get_logger
-from rbln_device_plugin.waits import wait_any
 
 # Polling is the fallback only; with inotify nothing wakes up while the node is idle.
 FALLBACK_POLL_S: Final = 1.0
 
 _EVENTS: Final = (
     inotify.IN_CREATE | inotify.IN_MOVED_TO | inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF
-)
-# The watched directory itself went away (deleted, renamed, unmounted): watch anew.
-_GONE: Final = (
-    inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_IGNORED | inotify.IN_UNMOUNT
 )
 
 log = get_logger()
@@ -47,7 +42,6 @@ class KubeletSocketWatch:
         self._on_restart = on_restart
         self.identity: FileIdentity | None = file_identity(self.socket_path)
         self.mode = "starting"  # "inotify" or "poll", for logs and tests
-        self._poll_reason = ""
 
     def check(self) -> bool:
         """Compare the socket with the last one seen; True (and the callback) when new."""
@@ -66,43 +60,12 @@ class KubeletSocketWatch:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch until ``stop``; switches between inotify and polling as conditions allow."""
-        while not stop.is_set():
-            try:
-                watch = inotify.DirectoryWatch(self.directory, _EVENTS)
-            except inotify.InotifyUnavailable as exc:
-                self._poll_reason = str(exc)
-                await self._poll_once(stop)
-                continue
-            try:
-                await self._follow(watch, stop)
-            finally:
-                watch.close()
+        await inotify.follow_entry(
+            self.directory, KUBELET_SOCKET, _EVENTS, self.check, (stop,), FALLBACK_POLL_S,
+            on_mode=self._set_mode,
+        )  # fmt: skip
 
-    async def _follow(self, watch: inotify.DirectoryWatch, stop: asyncio.Event) -> None:
-        """Handle events until stop, or until the directory itself goes away."""
-        ended = asyncio.Event()
-
-        def on_events(events: list[inotify.Event]) -> None:
-            for event in events:
-                if event.mask & _GONE:
-                    ended.set()
-                elif event.mask & inotify.IN_Q_OVERFLOW or event.name == KUBELET_SOCKET:
-                    self.check()
-            if ended.is_set():
-                log.debug("Kubelet directory watch ended", path=str(self.directory))
-                self.check()
-
-        watch.start(on_events)
-        self._set_mode("inotify")
-        self.check()  # anything that happened before the watch existed
-        await wait_any(stop, ended)
-
-    async def _poll_once(self, stop: asyncio.Event) -> None:
-        self._set_mode("poll")
-        self.check()
-        await wait_any(stop, timeout=FALLBACK_POLL_S)
-
-    def _set_mode(self, mode: str) -> None:
+    def _set_mode(self, mode: str, reason: str | None) -> None:
         if mode != self.mode:
             level = log.debug if mode == "inotify" or self.mode == "starting" else log.info
             fields: dict[str, object] = {
@@ -111,6 +74,6 @@ class KubeletSocketWatch:
                 "previousMode": self.mode,
             }
             if mode == "poll":
-                fields.update(reason=self._poll_reason, pollSeconds=FALLBACK_POLL_S)
+                fields.update(reason=reason, pollSeconds=FALLBACK_POLL_S)
             level("Watching for kubelet restarts", **fields)
             self.mode = mode

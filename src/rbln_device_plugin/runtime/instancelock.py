@@ -50,9 +50,6 @@ _WATCH_EVENTS: Final = (
     inotify.IN_DELETE | inotify.IN_MOVED_FROM | inotify.IN_MOVED_TO | inotify.IN_CREATE
     | inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF
 )  # fmt: skip
-_DIR_GONE: Final = (
-    inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_IGNORED | inotify.IN_UNMOUNT
-)
 
 log = get_logger()
 
@@ -217,33 +214,10 @@ class InstanceLock:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Check at once whenever the primary lock's directory changes, until stop or loss."""
-        while not stop.is_set() and not self.lost.is_set():
-            try:
-                watch = inotify.DirectoryWatch(self.path.parent, _WATCH_EVENTS)
-            except inotify.InotifyUnavailable:
-                self.check(create=False)
-                await wait_any(stop, self.lost, timeout=FALLBACK_POLL_S)
-                continue
-            try:
-                await self._follow(watch, stop)
-            finally:
-                watch.close()
-
-    async def _follow(self, watch: inotify.DirectoryWatch, stop: asyncio.Event) -> None:
-        """Check on every event about the lock file, until stop, loss, or the directory goes."""
-        gone = asyncio.Event()
-
-        def on_events(events: list[inotify.Event]) -> None:
-            if any(e.mask & _DIR_GONE for e in events):
-                gone.set()
-            if gone.is_set() or any(
-                e.name == LOCK_NAME or e.mask & inotify.IN_Q_OVERFLOW for e in events
-            ):
-                self.check(create=False)
-
-        watch.start(on_events)
-        self.check(create=False)  # anything that happened before the watch existed
-        await wait_any(stop, self.lost, gone)
+        await inotify.follow_entry(
+            self.path.parent, LOCK_NAME, _WATCH_EVENTS, lambda: self.check(create=False),
+            (stop, self.lost), FALLBACK_POLL_S,
+        )  # fmt: skip
 
     def release(self) -> None:
         self._legacy.close()
