@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import grpc
 from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2,
     metrics_service_pb2_grpc,
@@ -17,6 +16,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from .daemon_process import DaemonProcess
+from .otlp_receiver import ExportKeeper, serving
 
 # (sample name, sorted label pairs) -> value
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -102,65 +102,23 @@ async def metrics_port(daemon: DaemonProcess) -> int:
     return int(record["port"])
 
 
-class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
+class MetricsReceiver(ExportKeeper, metrics_service_pb2_grpc.MetricsServiceServicer):
     """An OTLP/gRPC metrics collector endpoint that keeps every export request."""
 
-    def __init__(self, hang: bool = False) -> None:
-        self.requests: list[Any] = []
-        self.hang = hang
-        self.changed = asyncio.Event()
-        self.calls = 0
-        # Export calls that have arrived and not ended (a hanging collector holds them
-        # until the exporter gives up and cancels).
-        self.in_flight: set[int] = set()
-
-    async def Export(self, request: Any, context: Any) -> Any:
-        call, self.calls = self.calls, self.calls + 1
-        if self.hang:
-            self.in_flight.add(call)
-            self.changed.set()
-            try:
-                await asyncio.sleep(3600)
-            finally:
-                self.in_flight.discard(call)
-                self.changed.set()
-        self.requests.append(request)
-        self.changed.set()
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    async def wait_in_flight(self, newer_than: int = -1, timeout: float = 30.0) -> set[int]:
-        """The export calls stuck in this (hanging) collector that arrived after call
-        number ``newer_than``, once there is one."""
-
-        def fresh() -> set[int]:
-            return {call for call in self.in_flight if call > newer_than}
-
-        async with asyncio.timeout(timeout):
-            while not fresh():
-                self.changed.clear()
-                await self.changed.wait()
-        return fresh()
+    response = metrics_service_pb2.ExportMetricsServiceResponse
 
     async def next_export(self, timeout: float = 15.0) -> Any:
         seen = len(self.requests)
-        async with asyncio.timeout(timeout):
-            while len(self.requests) <= seen:
-                self.changed.clear()
-                await self.changed.wait()
+        await self.wait_for(lambda: len(self.requests) > seen, timeout)
         return self.requests[-1]
 
 
 @asynccontextmanager
 async def metrics_receiver(hang: bool = False) -> AsyncIterator[tuple[MetricsReceiver, int]]:
     servicer = MetricsReceiver(hang)
-    server = grpc.aio.server()
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
+    add = metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server
+    async with serving(servicer, add) as port:
         yield servicer, port
-    finally:
-        await server.stop(0)
 
 
 def otlp_samples(request: Any) -> tuple[Samples, dict[str, str]]:

@@ -16,6 +16,7 @@ from rbln_device_plugin.kubelet.allocate import MAX_UNWORKED_CONTAINER_SPANS
 from rbln_device_plugin.telemetry.tracing import EndpointError, parse_endpoint
 from rbln_device_plugin_sim.state import Fault
 
+from .otlp_receiver import ExportKeeper, serving
 from .simnode import running
 
 NPU = "rebellions.ai/npu"
@@ -25,36 +26,8 @@ ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 SHUTDOWN_GUARD_S = 15.0
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, hang: bool = False) -> None:
-        self.requests: list[Any] = []
-        self.hang = hang
-        self.changed = asyncio.Event()
-        self.calls = 0
-        # Export calls that have arrived and not ended (a hanging collector holds them
-        # until the exporter gives up and cancels).
-        self.in_flight: set[int] = set()
-
-    async def Export(self, request: Any, context: Any) -> Any:
-        call, self.calls = self.calls, self.calls + 1
-        if self.hang:
-            self.in_flight.add(call)
-            self.changed.set()
-            try:
-                await asyncio.sleep(3600)
-            finally:
-                self.in_flight.discard(call)
-                self.changed.set()
-        self.requests.append(request)
-        self.changed.set()
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    async def wait_in_flight(self, timeout: float = 30) -> set[int]:
-        async with asyncio.timeout(timeout):
-            while not self.in_flight:
-                self.changed.clear()
-                await self.changed.wait()
-        return set(self.in_flight)
+class Receiver(ExportKeeper, trace_service_pb2_grpc.TraceServiceServicer):
+    response = trace_service_pb2.ExportTraceServiceResponse
 
     def spans(self) -> list[tuple[dict[str, Any], Any]]:
         out = []
@@ -66,10 +39,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         return out
 
     async def wait_spans(self, count: int, timeout: float = 10) -> list[tuple[dict[str, Any], Any]]:
-        async with asyncio.timeout(timeout):
-            while len(self.spans()) < count:
-                self.changed.clear()
-                await self.changed.wait()
+        await self.wait_for(lambda: len(self.spans()) >= count, timeout)
         return self.spans()
 
 
@@ -87,14 +57,8 @@ def attrs(span: Any) -> dict[str, Any]:
 @asynccontextmanager
 async def receiver(hang: bool = False) -> AsyncIterator[tuple[Receiver, int]]:
     servicer = Receiver(hang)
-    server = grpc.aio.server()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
+    async with serving(servicer, trace_service_pb2_grpc.add_TraceServiceServicer_to_server) as port:
         yield servicer, port
-    finally:
-        await server.stop(0)
 
 
 def free_port() -> int:
