@@ -17,6 +17,7 @@ from rbln_device_plugin import __version__, config
 from rbln_device_plugin.telemetry import logs
 
 from .daemon_process import DaemonProcess
+from .probes import health, health_port
 
 BIN = Path(sys.executable).parent / "rbln-device-plugin"
 
@@ -165,18 +166,11 @@ def test_port_in_use_exits_1_with_a_clear_record(short_tmp: Path) -> None:
 async def test_health_service_turns_serving_after_the_first_scan(short_tmp: Path) -> None:
     import asyncio
 
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     daemon = DaemonProcess(_daemon_args(short_tmp))
     try:
-        (started,) = await daemon.await_log("Started healthcheck service")
-        port = int(started["address"].rsplit(":", 1)[1])
+        port = await health_port(daemon)
         await daemon.await_log("Reconciled device inventory")
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            for service in ("", "liveness"):
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        for service in ("", "liveness"):
+            assert await health(port, service) == "SERVING"
     finally:
         assert await asyncio.to_thread(daemon.stop) == 0

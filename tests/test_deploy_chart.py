@@ -29,6 +29,7 @@ from rbln_device_plugin import _build_version, config, options
 from rbln_device_plugin.telemetry import logs, tracing
 
 from .daemon_process import DaemonProcess
+from .probes import health, health_port
 from .servicemonitor_schema import SERVICE_MONITOR_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1131,16 +1132,15 @@ async def test_the_charts_probes_mean_alive_and_ready_on_the_real_daemon(
             second = DaemonProcess(args, env=env)
             ports = {}
             for name, daemon in (("first", first), ("second", second)):
-                (record,) = await daemon.await_log("Started healthcheck service")
-                ports[name] = int(str(record["address"]).rsplit(":", 1)[1])
+                ports[name] = await health_port(daemon)
             await second.await_log(
                 "Another rbln-device-plugin instance serves this kubelet directory; "
                 "waiting for it to exit"
             )
-            assert await _check(ports["second"], services["livenessProbe"]) == "SERVING"
-            assert await _check(ports["second"], services["readinessProbe"]) == "NOT_SERVING"
-            assert await _check(ports["first"], services["livenessProbe"]) == "SERVING"
-            assert await _check(ports["first"], services["readinessProbe"]) == "SERVING"
+            assert await health(ports["second"], services["livenessProbe"]) == "SERVING"
+            assert await health(ports["second"], services["readinessProbe"]) == "NOT_SERVING"
+            assert await health(ports["first"], services["livenessProbe"]) == "SERVING"
+            assert await health(ports["first"], services["readinessProbe"]) == "SERVING"
             # The RSD lock is the host file the chart names, shared by both pods.
             await kubelet.allocate("rebellions.ai/npu", [["rbln0"]])
             assert Path(env["RSD_LOCK_PATH"]).is_file()
@@ -1149,19 +1149,6 @@ async def test_the_charts_probes_mean_alive_and_ready_on_the_real_daemon(
             if second is not None:
                 second.kill()
             shutil.rmtree(root, ignore_errors=True)
-
-
-async def _check(port: int, service: str) -> str:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-        except grpc.aio.AioRpcError as exc:
-            return exc.code().name
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
 def test_the_rsd_lock_is_a_host_file_every_instance_on_the_node_shares(

@@ -81,7 +81,7 @@ async def test_a_blocking_read_stalls_only_its_own_item(
     try:
         batch = asyncio.create_task(io.map(reads([*before, fifo, *after])))
         # The loop is free while the batch waits: this coroutine runs again before the
-        # batch can finish (it cannot before its 1 s budget runs out, and the loop turns
+        # batch can finish (it cannot before its 0.3 s bound runs out, and the loop turns
         # to timers only after every ready callback, this one included).
         await asyncio.sleep(0)
         assert not batch.done()

@@ -24,6 +24,7 @@ from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
 from .fault_helpers import NPU, launch
+from .probes import health, health_port
 
 HEALTH = ["--healthcheck-port", "0"]
 WAITING = (
@@ -32,22 +33,6 @@ WAITING = (
 LOST = "Instance lock lost; another instance may serve this kubelet directory; exiting"
 # Generous: the daemon's shutdown after losing its lock is bounded by the README's 5 s.
 EXIT_WAIT_S = 20.0
-
-
-async def health_port(daemon: DaemonProcess) -> int:
-    (record,) = await daemon.await_log("Started healthcheck service")
-    return int(str(record["address"]).rsplit(":", 1)[1])
-
-
-async def health(port: int, service: str) -> str:
-    """One Check of ``service``, as a kubelet probe sends it (NOT_FOUND for a missing one)."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-        except grpc.aio.AioRpcError as exc:
-            return exc.code().name
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
 @contextlib.asynccontextmanager

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
@@ -42,24 +41,12 @@ from .fault_helpers import (
     trace_smi,
     wait_until,
 )
+from .probes import health, health_port
 from .simnode import rejected
 
 HEALTH = ["--healthcheck-port", "0"]
 F_SETPIPE_SZ = 1031
 STALLED = "Host access did not finish in time; treating it as unreadable"
-
-
-async def health_port(daemon: DaemonProcess) -> int:
-    (record,) = await daemon.await_log("Started healthcheck service")
-    return int(str(record["address"]).rsplit(":", 1)[1])
-
-
-async def health(port: int, service: str = "liveness") -> str:
-    """A health service's status, as the kubelet's probe sees it."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
 def make_fifo(path: Path) -> None:
