@@ -339,9 +339,10 @@ def _bool(option: Option, raw: str) -> bool:
 
 
 def _traces_exporter(option: Option, raw: str) -> str:
-    # OpenTelemetry's variable; of its exporters only OTLP is built in, and a list
-    # ("otlp,console") would promise more than the daemon sends.
-    text = raw.strip()
+    # OpenTelemetry's variable, read as its specification says (enum values ignore case);
+    # of its exporters only OTLP is built in, and a list ("otlp,console") would promise
+    # more than the daemon sends.
+    text = raw.strip().lower()
     if text not in TRACES_EXPORTERS:
         raise ConfigError(
             f"{raw!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
