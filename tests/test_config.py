@@ -21,6 +21,7 @@ def test_defaults_match_the_documented_table() -> None:
     assert cfg.healthcheck_port == 51515
     assert cfg.scan_interval == 5.0
     assert cfg.otlp_endpoint == ""
+    assert cfg.traces_exporter == "otlp" and not cfg.tracing_enabled
     assert cfg.sysfs_root == Path("/sys")
     assert cfg.dev_root == Path("/dev")
     assert cfg.rbln_smi is None
@@ -42,6 +43,8 @@ def test_defaults_match_the_documented_table() -> None:
          120.0),
         ("--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint", "a:1", "b:2", "a:1",
          "b:2"),
+        ("--otel-traces-exporter", "OTEL_TRACES_EXPORTER", "traces_exporter", "none", "otlp",
+         "none", "otlp"),
         ("--node-name", "NODE_NAME", "node_name", "f", "e", "f", "e"),
         ("--metrics-port", "METRICS_PORT", "metrics_port", "9464", "0", 9464, 0),
         ("--metrics-export-interval", "METRICS_EXPORT_INTERVAL", "metrics_export_interval",
@@ -280,3 +283,26 @@ def test_bad_metrics_settings_are_usage_errors_naming_flag_and_variable(
 def test_a_negative_metrics_port_is_off(value: str, on: bool) -> None:
     cfg = resolve([], {"METRICS_PORT": value})
     assert cfg.metrics_endpoint_enabled is on and cfg.metrics_enabled is on
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "exporter", "on"),
+    [("", "otlp", False), ("", "none", False), ("c:4317", "otlp", True),
+     ("c:4317", "none", False), ("c:4317", " None ", False),
+     ("c:4317", "OTLP", True)],
+)  # fmt: skip
+def test_traces_need_an_endpoint_and_can_be_switched_off_apart(
+    endpoint: str, exporter: str, on: bool
+) -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_EXPORTER": exporter}
+    assert resolve([], env).tracing_enabled is on
+
+
+@pytest.mark.parametrize("value", ["zipkin", "console", "otlp,console", "", "false"])
+def test_an_unsupported_traces_exporter_is_a_usage_error_naming_the_choices(value: str) -> None:
+    with pytest.raises(options.UsageError) as caught:
+        resolve([], {"OTEL_TRACES_EXPORTER": value})
+    assert str(caught.value) == (
+        "OTEL_TRACES_EXPORTER (environment; the flag is --otel-traces-exporter): "
+        f"{value!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
+    )

@@ -598,8 +598,22 @@ def test_custom_values_reach_the_daemonset(rendered: dict[str, str]) -> None:
 
 def test_otlp_endpoint_is_passed_only_when_set(rendered: dict[str, str]) -> None:
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in literal_env(rendered["default"])
+    assert "OTEL_TRACES_EXPORTER" not in literal_env(rendered["default"])
     otlp_env = literal_env(rendered["otlp"])
     assert otlp_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "otel-collector.observability:4317"
+    assert otlp_env["OTEL_TRACES_EXPORTER"] == "otlp"
+
+
+def test_tracing_off_keeps_the_endpoint_for_metrics(helm: Helm) -> None:
+    manifest = helm.template(
+        "--set", "devicePlugin.otlpEndpoint=otel-collector.observability:4317",
+        "--set", "devicePlugin.metrics.otlp.enabled=true",
+        "--set", "devicePlugin.tracing.enabled=false",
+    )  # fmt: skip
+    env = literal_env(manifest)
+    assert env["OTEL_TRACES_EXPORTER"] == "none" and env["METRICS_OTLP"] == "true"
+    cfg = options.parse([], env)
+    assert not cfg.tracing_enabled and cfg.metrics_otlp
 
 
 @pytest.mark.parametrize("port", [-1, 0])
@@ -674,6 +688,7 @@ REFUSED: list[tuple[str, Any, str]] = [
         "user@otel-collector:4317", "otel collector:4317", ":4317", "otel-collector:04317",
         "http://otel-collector:4317/v1/traces", "HTTPS://otel-collector:4317", "otel_:4317",
         "-otel:4317")),
+    ("devicePlugin.tracing.enabled", "no", "OTEL_TRACES_EXPORTER"),
     # OTLP metrics without a collector: the daemon stops with a usage error.
     ("devicePlugin.metrics.otlp.enabled", True, "METRICS_OTLP"),
     *(("devicePlugin.metrics.otlp.exportInterval", v, "METRICS_EXPORT_INTERVAL") for v in (

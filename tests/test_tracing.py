@@ -256,6 +256,46 @@ async def test_disabled_tracing_logs_once_and_starts_no_exporter() -> None:
         assert not any("OtelBatch" in name or "otel" in name.lower() for name in threads)
 
 
+async def test_traces_switched_off_leave_the_endpoint_to_metrics() -> None:
+    """OTEL_TRACES_EXPORTER=none: the collector gets metrics and not one span, even from
+    the flush at shutdown."""
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+
+    from .metrics_helpers import MetricsReceiver, otlp_samples, total
+
+    traces, metrics = Receiver(), MetricsReceiver()
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(traces, server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(metrics, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with running(
+            "rebel-4", level="info", env={"OTEL_TRACES_EXPORTER": "none"},
+            extra_args=["--otlp-endpoint", f"127.0.0.1:{port}", "--metrics-otlp", "true",
+                        "--metrics-export-interval", "200ms"],
+        ) as h:  # fmt: skip
+            (off,) = await h.daemon.await_log("Distributed tracing disabled; traces switched off")
+            assert off["setting"] == (
+                "OTEL_TRACES_EXPORTER (environment; the flag is --otel-traces-exporter)"
+            )
+            await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+            await h.kubelet.allocate(NPU, [["rbln0"]])
+            await h.daemon.await_log("Completed container allocation")
+
+            def counted() -> bool:
+                return any(
+                    total(otlp_samples(r)[0], "allocate_requests_total") == 1
+                    for r in metrics.requests
+                )
+
+            await metrics.wait_for(counted, 30)
+            assert await asyncio.to_thread(h.daemon.stop, timeout=SHUTDOWN_GUARD_S) == 0
+        assert traces.calls == 0 and traces.requests == []
+    finally:
+        await server.stop(0)
+
+
 def _thread_names(pid: int) -> list[str]:
     import os
 

@@ -138,6 +138,7 @@ DEFAULT_METRICS_EXPORT_INTERVAL_S: Final = 60.0
 # that blocked once fails at once afterwards), so even a node whose every status file
 # hangs at the same moment finishes a scan of 100 devices well within this.
 DEFAULT_SCAN_STALL_LIMIT_S: Final = 120.0
+TRACES_EXPORTERS: Final = ("otlp", "none")
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
@@ -154,6 +155,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
            "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
            "empty disables tracing", "ENDPOINT"),
+    Option("traces_exporter", "--otel-traces-exporter", "OTEL_TRACES_EXPORTER", "otlp",
+           "otlp sends allocation traces to the OTLP endpoint when one is set; none keeps "
+           "them off, for an endpoint that should get metrics only", "otlp|none"),
     Option("metrics_port", "--metrics-port", "METRICS_PORT", "-1",
            "TCP port of the Prometheus metrics endpoint (GET /metrics); negative disables it, "
            "0 picks a free port", "PORT", shown_default="-1 (off)"),
@@ -197,6 +201,7 @@ class Config:
     healthcheck_port: int
     scan_interval: float
     otlp_endpoint: str
+    traces_exporter: str
     metrics_port: int
     metrics_otlp: bool
     metrics_export_interval: float
@@ -216,6 +221,10 @@ class Config:
     @property
     def healthcheck_enabled(self) -> bool:
         return self.healthcheck_port >= 0
+
+    @property
+    def tracing_enabled(self) -> bool:
+        return bool(self.otlp_endpoint) and self.traces_exporter != "none"
 
     @property
     def metrics_endpoint_enabled(self) -> bool:
@@ -329,6 +338,18 @@ def _bool(option: Option, raw: str) -> bool:
     raise ConfigError(f"{raw!r} is not a boolean (true or false)")
 
 
+def _traces_exporter(option: Option, raw: str) -> str:
+    # OpenTelemetry's variable, read as its specification says (enum values ignore case);
+    # of its exporters only OTLP is built in, and a list ("otlp,console") would promise
+    # more than the daemon sends.
+    text = raw.strip().lower()
+    if text not in TRACES_EXPORTERS:
+        raise ConfigError(
+            f"{raw!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
+        )
+    return text
+
+
 def _optional_path(option: Option, raw: str) -> Path | None:
     return _path(option, raw) if raw.strip() else None
 
@@ -339,6 +360,7 @@ _CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
     "healthcheck_port": _port,
     "scan_interval": _interval,
     "otlp_endpoint": _text,
+    "traces_exporter": _traces_exporter,
     "metrics_port": _port,
     "metrics_otlp": _bool,
     "metrics_export_interval": _interval,

@@ -184,6 +184,12 @@ def setup(config: Config) -> Tracing:
     if not config.otlp_endpoint:
         log.info("Distributed tracing disabled; no OTLP endpoint configured")
         return disabled()
+    if not config.tracing_enabled:
+        log.info(
+            "Distributed tracing disabled; traces switched off",
+            setting=config.origin("traces_exporter"), endpoint=config.otlp_endpoint,
+        )  # fmt: skip
+        return disabled()
     try:
         endpoint = parse_endpoint(config.otlp_endpoint)
         tracing = _build(endpoint, config.node_name)
