@@ -144,13 +144,8 @@ class InstanceLock:
         self._primary = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False)
         self._legacy = _LockFile(kubelet_dir / LEGACY_LOCK_NAME, kubelet_dir, legacy=True)
         self.path = self._primary.path
-        self.legacy_path = self._legacy.path
         self.lost = asyncio.Event()
         self.loss: LockLoss | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._primary.fd is not None and self._legacy.fd is not None
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Take both locks, waiting as long as another instance holds either.

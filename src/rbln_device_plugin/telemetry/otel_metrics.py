@@ -26,7 +26,7 @@ from rbln_device_plugin import __version__
 from rbln_device_plugin.config import Config, format_duration
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.telemetry import exposition, logs, tracing
-from rbln_device_plugin.telemetry.metrics import NOOP, Metrics, status_label
+from rbln_device_plugin.telemetry.metrics import NOOP, OK, Metrics, status_label
 from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint, MetricsEndpointError
 
 PREFIX: Final = "rbln_device_plugin"
@@ -154,7 +154,7 @@ class OtelMetrics(Metrics):
 
     def scan(self, result: str, seconds: float) -> None:
         self._scan_seconds.record(seconds, {"result": result})
-        if result != "ok":
+        if result != OK:
             self._discovery_failures.add(1)
 
     def inventory_changes(self, resource: str, appeared: int, disappeared: int) -> None:
