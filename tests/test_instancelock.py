@@ -13,6 +13,7 @@ from rbln_device_plugin.runtime.instancelock import (
     LOCK_DIR,
     LOCK_NAME,
     InstanceLock,
+    _LockFile,
 )
 
 
@@ -101,3 +102,20 @@ async def test_the_watch_notices_a_takeover_at_once(tmp_path: Path) -> None:
         stop.set()
         os.close(other)
         lock.release()
+
+
+def test_a_kubelet_directory_that_goes_while_locking_is_never_recreated(tmp_path: Path) -> None:
+    """The kubelet's directory vanishes between the lock's check for it and the creation of
+    the lock's own subdirectory: the lock gives up for now instead of making it again."""
+
+    class GoneAfterOneLook(type(tmp_path)):  # type: ignore[misc]
+        looks = 0
+
+        def is_dir(self) -> bool:
+            GoneAfterOneLook.looks += 1
+            return GoneAfterOneLook.looks == 1
+
+    kubelet_dir = GoneAfterOneLook(tmp_path / "device-plugins")
+    lock = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False)
+    assert lock.try_lock() is None
+    assert not (tmp_path / "device-plugins").exists()

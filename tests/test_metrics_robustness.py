@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from rbln_device_plugin import __version__
+
 from .metrics_helpers import metrics_port, metrics_receiver, scrape, value
+from .probes import health, health_port
 from .simnode import running
-from .test_stalls import health, health_port
 from .test_tracing import free_port
 
 NPU = "rebellions.ai/npu"
@@ -131,3 +133,19 @@ async def test_with_metrics_off_the_daemon_loads_nothing_new(metrics_on: bool) -
         assert new == []
         (off,) = h.daemon.find("Metrics disabled; no metrics port or OTLP metrics configured")
         assert off["level"] == "info"
+
+
+async def test_an_unusable_otlp_endpoint_costs_the_push_not_the_prometheus_endpoint() -> None:
+    async with running(
+        "rebel-4", level="info",
+        extra_args=["--metrics-port", "0", "--metrics-otlp", "true",
+                    "--otlp-endpoint", "collector"],
+    ) as h:  # fmt: skip
+        (failed,) = await h.daemon.await_log(
+            "OTLP metrics setup failed; continuing without OTLP metrics"
+        )
+        assert failed["level"] == "warn" and failed["endpoint"] == "collector"
+        assert failed["setting"] == "--otlp-endpoint (command line)"
+        port = await metrics_port(h.daemon)
+        assert value(await scrape(port), "build_info", version=__version__) == 1
+        assert h.daemon.find("OTLP metrics enabled") == []

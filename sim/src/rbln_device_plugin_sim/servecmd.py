@@ -9,14 +9,13 @@ import signal
 import time
 from collections.abc import Callable
 
+from rbln_device_plugin.model.inventory import RESOURCE_NPU, VF_RESOURCES, is_supported_product
 from rbln_device_plugin_sim import control, shell
 from rbln_device_plugin_sim.controlserver import ControlServer
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import Layout, SimDevice
 from rbln_device_plugin_sim.node import SimError, SimNode
 from rbln_device_plugin_sim.nodecmds import open_or_build
-
-NPU = "rebellions.ai/npu"
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -71,7 +70,7 @@ def banner(node: SimNode, done: str) -> str:
         resource = resource_of(node.layout, device)
         size = str(min(2, len([d for d in node.layout.devices if _advertised(node.layout, d)
                                and resource_of(node.layout, d) == resource])))  # fmt: skip
-        extra = [] if resource == NPU else ["--resource", resource]
+        extra = [] if resource == RESOURCE_NPU else ["--resource", resource]
         lines += [
             shell.sim("allocate", "--root", root, "--size", size, *extra, indent="  "),
             shell.sim("set-status", "--root", root, device.name, "4", indent="  ")
@@ -93,14 +92,15 @@ def advertised_example(layout: Layout) -> SimDevice | None:
 
 def resource_of(layout: Layout, device: SimDevice) -> str:
     if device.physfn is None:
-        return NPU
+        return RESOURCE_NPU
     parent = layout.by_bus_id(device.physfn)
-    return f"{NPU}-vf{parent.sriov_numvfs if parent is not None else '?'}"
+    count = (parent.sriov_numvfs if parent is not None else None) or 0
+    return VF_RESOURCES.get(count, f"{RESOURCE_NPU}-vf{count or '?'}")
 
 
 def _advertised(layout: Layout, device: SimDevice) -> bool:
     """The plugin's rules, as far as the layout shows them (a test checks with inspect)."""
-    if not device.listed or not device.product.startswith(("RBLN-CA", "RBLN-CR")):
+    if not device.listed or not is_supported_product(device.product):
         return False
     if device.physfn is None:
         return not device.sriov_numvfs

@@ -47,7 +47,7 @@ class SmiNotFound(DiscoveryError):
 class SmiError(Exception):
     """An rbln-smi run failed: could not start, timed out, exited non-zero, printed too much."""
 
-    def __init__(self, message: str, result: str = "error") -> None:
+    def __init__(self, message: str, result: str = m.SMI_ERROR) -> None:
         super().__init__(message)
         self.result = result  # the metrics' result class (telemetry.metrics.SMI_*)
 

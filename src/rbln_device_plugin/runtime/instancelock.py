@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Final
 
 from rbln_device_plugin.host import inotify
-from rbln_device_plugin.host.paths import ensure_dir, file_identity
+from rbln_device_plugin.host.paths import ensure_subdir, file_identity
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
 
@@ -86,11 +86,13 @@ class _LockFile:
                 return None
             try:
                 if create and not self.legacy:
-                    ensure_dir(self.path.parent)  # our own directory inside the kubelet's
+                    # Our own directory inside the kubelet's, never the kubelet's itself
+                    # (it may have gone since the check above).
+                    ensure_subdir(self.kubelet_dir, self.path.parent.name)
                 flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
                 fd = os.open(self.path, flags, 0o644)
             except FileNotFoundError:
-                if create:
+                if create and self.kubelet_dir.is_dir():
                     raise InstanceLockError(f"cannot create {self.path}") from None
                 return None
             except OSError as exc:
@@ -142,13 +144,8 @@ class InstanceLock:
         self._primary = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False)
         self._legacy = _LockFile(kubelet_dir / LEGACY_LOCK_NAME, kubelet_dir, legacy=True)
         self.path = self._primary.path
-        self.legacy_path = self._legacy.path
         self.lost = asyncio.Event()
         self.loss: LockLoss | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._primary.fd is not None and self._legacy.fd is not None
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Take both locks, waiting as long as another instance holds either.

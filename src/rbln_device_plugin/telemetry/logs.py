@@ -273,7 +273,8 @@ class _BridgeHandler(logging.Handler):
         self._component = component
         self._demote_info = demote_info
         self._cap_at_warn = cap_at_warn
-        self._last_seen: dict[str, tuple[float, int]] = {}
+        # (kind, text) -> (start of its window, repeats dropped in it)
+        self._last_seen: dict[tuple[str, str], tuple[float, int]] = {}
         self._lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -298,7 +299,7 @@ class _BridgeHandler(logging.Handler):
         if self._cap_at_warn and level >= logging.WARNING:
             # The OpenTelemetry SDK's complaints are one kind of event for an operator;
             # its own wording goes under err, and repeats are folded.
-            suppressed = self._fold_repeat(message)
+            suppressed = self._fold_repeat(("otel", message), OTEL_REPEAT_WINDOW_S)
             if suppressed is None:
                 return
             if suppressed:
@@ -318,25 +319,21 @@ class _BridgeHandler(logging.Handler):
     def _client_garbage(self, message: str, method: str, fields: dict[str, Any]) -> None:
         log = get_logger()
         log.debug(message, **fields, method=method)
-        now = time.monotonic()
-        with self._lock:
-            last = self._last_seen.get(method)
-            if last is not None and now - last[0] < CLIENT_ERROR_WINDOW_S:
-                self._last_seen[method] = (last[0], last[1] + 1)
-                return
-            self._last_seen[method] = (now, 0)
-        repeats = {"suppressedRepeats": last[1]} if last is not None and last[1] else {}
+        suppressed = self._fold_repeat(("client", method), CLIENT_ERROR_WINDOW_S)
+        if suppressed is None:
+            return
+        repeats = {"suppressedRepeats": suppressed} if suppressed else {}
         log.warning(UNDECODABLE_MSG, **fields, method=method, **repeats)
 
-    def _fold_repeat(self, message: str) -> int | None:
+    def _fold_repeat(self, key: tuple[str, str], window: float) -> int | None:
         """None: drop this repeat. Otherwise how many repeats were dropped before it."""
         now = time.monotonic()
         with self._lock:
-            seen = self._last_seen.get(message)
-            if seen is not None and now - seen[0] < OTEL_REPEAT_WINDOW_S:
-                self._last_seen[message] = (seen[0], seen[1] + 1)
+            seen = self._last_seen.get(key)
+            if seen is not None and now - seen[0] < window:
+                self._last_seen[key] = (seen[0], seen[1] + 1)
                 return None
-            self._last_seen[message] = (now, 0)
+            self._last_seen[key] = (now, 0)
             if len(self._last_seen) > 256:  # bounded: messages can embed changing details
                 self._last_seen.pop(next(iter(self._last_seen)))
             return seen[1] if seen is not None else 0

@@ -43,8 +43,9 @@ REGISTRATION_FAILED: Final = "failed"
 class Metrics:
     """The recorder with metrics off: every method is a no-op.
 
-    ``otel_metrics.OtelMetrics`` overrides each method. Call sites never check
-    ``enabled``; the no-op calls cost a method call and nothing else.
+    ``otel_metrics.OtelMetrics`` overrides each method. The no-op calls cost a method
+    call and nothing else; call sites check ``enabled`` only to skip work done just to
+    build a measurement (counting changes, naming a subcommand).
     """
 
     enabled = False

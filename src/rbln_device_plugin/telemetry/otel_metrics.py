@@ -14,7 +14,6 @@ a queued export on the push thread and rate-limited warn records, never a wait h
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -22,15 +21,13 @@ from typing import Any, Final
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
-from opentelemetry.sdk.resources import Resource
 
 from rbln_device_plugin import __version__
 from rbln_device_plugin.config import Config, format_duration
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.telemetry import exposition, logs, tracing
-from rbln_device_plugin.telemetry.metrics import NOOP, Metrics, status_label
+from rbln_device_plugin.telemetry.metrics import NOOP, OK, Metrics, status_label
 from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint, MetricsEndpointError
-from rbln_device_plugin.waits import set_result_threadsafe
 
 PREFIX: Final = "rbln_device_plugin"
 SHUTDOWN_TIMEOUT_S: Final = 5.0
@@ -157,7 +154,7 @@ class OtelMetrics(Metrics):
 
     def scan(self, result: str, seconds: float) -> None:
         self._scan_seconds.record(seconds, {"result": result})
-        if result != "ok":
+        if result != OK:
             self._discovery_failures.add(1)
 
     def inventory_changes(self, resource: str, appeared: int, disappeared: int) -> None:
@@ -227,26 +224,10 @@ class OtelMetrics(Metrics):
         if self.endpoint is not None:
             await self.endpoint.stop()
         provider = self._provider
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def flush_and_close() -> None:
-            try:
-                provider.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_S * 1000)
-            except Exception as exc:
-                log.warning("OpenTelemetry SDK error", component="otel", err=exc)
-            finally:
-                set_result_threadsafe(loop, done, None)
-
-        # A daemon thread: a push stuck on an unreachable collector must not hold the exit.
-        threading.Thread(target=flush_and_close, name="otel-metrics-shutdown", daemon=True).start()
-        try:
-            await asyncio.wait_for(done, SHUTDOWN_TIMEOUT_S)
-        except TimeoutError:
-            log.warning(
-                "OpenTelemetry SDK error", component="otel",
-                err=f"metrics flush did not finish within {SHUTDOWN_TIMEOUT_S:g}s; dropped",
-            )  # fmt: skip
+        await tracing.close_bounded(
+            lambda: provider.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_S * 1000),
+            "otel-metrics-shutdown", "metrics flush", "dropped",
+        )  # fmt: skip
 
 
 def _device_labels(resource: str, entry: Entry) -> dict[str, str]:
@@ -284,15 +265,18 @@ async def start(config: Config) -> Metrics:
     pull = InMemoryMetricReader() if config.metrics_endpoint_enabled else None
     if pull is not None:
         readers.append(pull)
+    otlp = False
     if config.metrics_otlp:
-        readers.append(_otlp_reader(config))
-    resource = Resource.create(
-        {
-            "service.name": tracing.SERVICE_NAME,
-            "service.version": __version__,
-            "k8s.node.name": config.node_name,
-        }
-    )
+        try:
+            readers.append(_otlp_reader(config))
+            otlp = True
+        except tracing.EndpointError as exc:
+            # As tracing does: an unusable collector costs the push, never the endpoint.
+            log.warning(
+                "OTLP metrics setup failed; continuing without OTLP metrics",
+                endpoint=config.otlp_endpoint, setting=config.origin("otlp_endpoint"), err=exc,
+            )  # fmt: skip
+    resource = tracing.otel_resource(config.node_name)
     # No atexit hook: an unreachable collector would hold the exiting process for seconds.
     provider = MeterProvider(
         resource=resource,
@@ -310,7 +294,7 @@ async def start(config: Config) -> Metrics:
             log.error("Cannot start metrics endpoint; continuing without it", err=exc)
         else:
             recorder.endpoint = endpoint
-    if recorder.endpoint is None and not config.metrics_otlp:
+    if recorder.endpoint is None and not otlp:
         await recorder.shutdown()  # no way out is left: record nothing at all
         return NOOP
     return recorder

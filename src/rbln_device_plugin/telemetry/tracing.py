@@ -12,15 +12,18 @@ import asyncio
 import contextlib
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from rbln_device_plugin import __version__
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import set_result_threadsafe
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
 
 TRACER_NAME: Final = "rbln-device-plugin"
 SERVICE_NAME: Final = "rbln-device-plugin"
@@ -153,27 +156,35 @@ class Tracing:
         if provider is None:
             return
         self._provider = None
-        done = asyncio.get_running_loop().create_future()
-        loop = asyncio.get_running_loop()
+        await close_bounded(provider.shutdown, "otel-shutdown", "span flush", "spans dropped")  # type: ignore[attr-defined]
 
-        def flush_and_close() -> None:
-            try:
-                provider.shutdown()  # type: ignore[attr-defined]
-            except Exception as exc:
-                log.warning("OpenTelemetry SDK error", component="otel", err=exc)
-            finally:
-                set_result_threadsafe(loop, done, None)
 
-        # A daemon thread, not the default executor: asyncio.run would wait for an
-        # executor thread stuck on an unreachable collector.
-        threading.Thread(target=flush_and_close, name="otel-shutdown", daemon=True).start()
+async def close_bounded(close: Callable[[], object], thread: str, work: str, loss: str) -> None:
+    """Run an OpenTelemetry provider's shutdown (its last flush) for at most
+    SHUTDOWN_TIMEOUT_S; its errors are warn records, never the daemon's.
+
+    On a daemon thread, not the default executor: asyncio.run would wait for an executor
+    thread stuck on an unreachable collector, and so would the process exit.
+    """
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def run() -> None:
         try:
-            await asyncio.wait_for(done, SHUTDOWN_TIMEOUT_S)
-        except TimeoutError:
-            log.warning(
-                "OpenTelemetry SDK error", component="otel",
-                err=f"span flush did not finish within {SHUTDOWN_TIMEOUT_S:g}s; spans dropped",
-            )  # fmt: skip
+            close()
+        except Exception as exc:
+            log.warning("OpenTelemetry SDK error", component="otel", err=exc)
+        finally:
+            set_result_threadsafe(loop, done, None)
+
+    threading.Thread(target=run, name=thread, daemon=True).start()
+    try:
+        await asyncio.wait_for(done, SHUTDOWN_TIMEOUT_S)
+    except TimeoutError:
+        log.warning(
+            "OpenTelemetry SDK error", component="otel",
+            err=f"{work} did not finish within {SHUTDOWN_TIMEOUT_S:g}s; {loss}",
+        )  # fmt: skip
 
 
 def disabled() -> Tracing:
@@ -206,20 +217,22 @@ def setup(config: Config) -> Tracing:
     return tracing
 
 
+def otel_resource(node_name: str) -> Resource:
+    """What every trace and metric export says about its source (one node's plugin)."""
+    from opentelemetry.sdk.resources import Resource
+
+    return Resource.create(
+        {"service.name": SERVICE_NAME, "service.version": __version__, "k8s.node.name": node_name}
+    )
+
+
 def _build(endpoint: Endpoint, node_name: str) -> Tracing:
     # Imported only when enabled: keeps a tracing-free daemon free of exporter machinery.
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create(
-        {
-            "service.name": SERVICE_NAME,
-            "service.version": __version__,
-            "k8s.node.name": node_name,
-        }
-    )
+    resource = otel_resource(node_name)
     exporter = OTLPSpanExporter(
         endpoint=endpoint.target, insecure=endpoint.insecure, timeout=EXPORT_TIMEOUT_S
     )
