@@ -187,7 +187,7 @@ async def in_process_allocate_row(calls: int) -> Row:
     """
     import io as textio
 
-    from rbln_device_plugin import config
+    from rbln_device_plugin import options
     from rbln_device_plugin.host import rsd
     from rbln_device_plugin.kubelet.plugin import ResourcePlugin
     from rbln_device_plugin.telemetry import logs
@@ -196,11 +196,8 @@ async def in_process_allocate_row(calls: int) -> Row:
     logs.install({logs.LEVEL_ENV: "error"}, stream=textio.StringIO())  # as the bench daemons
     root = short_tempdir("rbln-bench-")
     node = materialize(generate(16, 4, 2, name="lean-inproc"), root / "node")
-    cfg = config.resolve({}, dict(zip(
-        ["SYSFS_ROOT", "DEV_ROOT", "RBLN_SMI_PATH", "KUBELET_DEVICE_PLUGIN_PATH", "CDI_ROOT",
-         "RSD_LOCK_PATH"],
-        [str(node.sysfs_root), str(node.dev_root), str(node.smi_path), str(node.kubelet_dir),
-         str(node.cdi_root), str(node.rsd_lock_path)], strict=True)))  # fmt: skip
+    # The daemon's own settings for this node, test-only file device nodes included.
+    cfg = options.parse(node.daemon_args("5s"), {})
     io = HostIO()
     scanned = await Scanner(sysfs_root=cfg.sysfs_root, smi_path=cfg.rbln_smi, hostio=io).scan()
     plugin = ResourcePlugin(NPU, cfg, NoopTracer(), hostio=io)

@@ -1,0 +1,27 @@
+"""The benchmarks still run: `make bench` is where speed and memory are measured, so a
+benchmark broken by a change in the daemon must fail here rather than on the day someone
+wants the figures. Nothing is asserted about the figures themselves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+AREAS = {"scan", "preferred", "daemon", "lean", "metrics", "load"}
+
+
+@pytest.mark.slow  # the quick run of every benchmark takes minutes
+@pytest.mark.timeout(1800)  # a hang guard, well past the 2-4 min the quick run takes
+def test_every_benchmark_runs_and_reports_its_area() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick"],
+        cwd=REPO, capture_output=True, text=True, timeout=1700, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    areas = {line.split("|")[1].strip() for line in table[1:]}
+    assert areas == AREAS, done.stdout[-4000:]
