@@ -58,15 +58,7 @@ func (k *kubelet) RunContainerOptions(pod *v1.Pod, container *v1.Container) (any
 }
 
 func (k *kubelet) Capacity() peer.Capacity {
-	capacity, allocatable, deleted := k.devices.GetCapacity()
-	c := peer.Capacity{Capacity: map[string]int64{}, Allocatable: map[string]int64{}, Deleted: deleted}
-	for name, q := range capacity {
-		c.Capacity[string(name)] = q.Value()
-	}
-	for name, q := range allocatable {
-		c.Allocatable[string(name)] = q.Value()
-	}
-	return c
+	return peer.NewCapacity(k.devices.GetCapacity())
 }
 
 func hint(h topologymanager.TopologyHint) peer.Hint {

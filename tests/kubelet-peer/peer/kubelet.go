@@ -32,6 +32,19 @@ type Capacity struct {
 	Deleted     []string         `json:"deleted"`
 }
 
+// NewCapacity turns GetCapacity's resource lists (the same types in every version) into a
+// Capacity.
+func NewCapacity(capacity, allocatable v1.ResourceList, deleted []string) Capacity {
+	c := Capacity{Capacity: map[string]int64{}, Allocatable: map[string]int64{}, Deleted: deleted}
+	for name, q := range capacity {
+		c.Capacity[string(name)] = q.Value()
+	}
+	for name, q := range allocatable {
+		c.Allocatable[string(name)] = q.Value()
+	}
+	return c
+}
+
 // Device is one device as the manager knows it.
 type Device struct {
 	ID     string  `json:"id"`
