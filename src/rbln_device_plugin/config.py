@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
+from rbln_device_plugin import resources
+
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
 # strconv.ParseBool's spellings: how Go programs (and the operator) write booleans.
@@ -191,7 +193,6 @@ OPTIONS: Final[tuple[Option, ...]] = (
 )  # fmt: skip
 
 _UNIX_SOCKET_PATH_MAX: Final = 107
-_LONGEST_SOCKET_NAME: Final = "rbln-device-plugin-rebellions-ai-npu-vf4.sock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,7 +397,7 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Conf
             f"{config.origin('metrics_otlp')}: OTLP metrics need a collector; set "
             f"{endpoint.flag} or {endpoint.env}"
         )
-    socket_path = config.kubelet_dir / _LONGEST_SOCKET_NAME
+    socket_path = config.kubelet_dir / resources.LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
         raise ConfigError(
             f"{config.origin('kubelet_dir')}: {config.kubelet_dir} is too long for unix "

@@ -16,14 +16,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final
 
+from rbln_device_plugin import resources
 from rbln_device_plugin.host.smi import ParsedEntry
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.model.health import HealthHistory, StatusReading
 from rbln_device_plugin.model.inventory import (
-    RESOURCE_NPU,
-    RESOURCE_NPU_VF1,
-    RESOURCE_NPU_VF4,
     VF_RESOURCES,
     Device,
     DeviceFacts,
@@ -48,7 +46,7 @@ from rbln_device_plugin.topology import (
 )
 
 # Resource names are fixed: the summary always shows all three, so a missing one is a 0.
-RESOURCES: Final = (RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4)
+RESOURCES: Final = resources.RESOURCE_NAMES
 EXIT_OK: Final = 0
 EXIT_PROBLEMS: Final = 1
 _NOT_READ: Final = StatusReading(None, "status not read")

@@ -28,6 +28,7 @@ from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.model.devicetable import Change, DeviceTable, Entry, KubeletDevice
 from rbln_device_plugin.model.health import HealthHistory, StatusReading, Verdict
 from rbln_device_plugin.model.inventory import Device, natural_key
+from rbln_device_plugin.resources import socket_name
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
 from rbln_device_plugin.telemetry.tracing import Tracer
@@ -36,13 +37,6 @@ REGISTER_TIMEOUT_S: Final = 10.0
 STOP_GRACE_S: Final = 0.5
 
 log = get_logger()
-
-
-def socket_name(resource: str) -> str:
-    slug = resource.lower()
-    for char in "/._":
-        slug = slug.replace(char, "-")
-    return f"rbln-device-plugin-{slug}.sock"
 
 
 class RegistrationError(RuntimeError):

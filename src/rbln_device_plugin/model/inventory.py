@@ -14,12 +14,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-RESOURCE_NPU: Final = "rebellions.ai/npu"
-RESOURCE_NPU_VF1: Final = "rebellions.ai/npu-vf1"
-RESOURCE_NPU_VF4: Final = "rebellions.ai/npu-vf4"
+from rbln_device_plugin import resources
 
-# Partition mode (the PF's sriov_numvfs) -> resource its VFs are advertised under.
-VF_RESOURCES: Final[Mapping[int, str]] = {1: RESOURCE_NPU_VF1, 4: RESOURCE_NPU_VF4}
+# Names kept for the callers of this module; the definitions live in ``resources``.
+RESOURCE_NPU: Final = resources.NPU.name
+RESOURCE_NPU_VF1: Final = resources.NPU_VF1.name
+RESOURCE_NPU_VF4: Final = resources.NPU_VF4.name
+VF_RESOURCES: Final = resources.VF_RESOURCES
 SUPPORTED_PRODUCT_PREFIXES: Final = ("RBLN-CA", "RBLN-CR")
 
 # Names and bus IDs end up in /dev and sysfs paths, so only these exact shapes pass.
