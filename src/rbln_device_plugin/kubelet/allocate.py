@@ -29,6 +29,7 @@ from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.model.devicetable import DeviceTable
 from rbln_device_plugin.model.health import Health, Verdict
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.shorten import middle_truncate
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.tracing import Tracer, mark_error
@@ -145,7 +146,7 @@ class Allocator:
                 str(exc) if failure is not None else f"{self._resource}: internal error: {exc}"
             )
             # The message ends up in the pod's events: keep it short, the log has it all.
-            bounded = smi.trim_output(message.encode(), _MAX_MESSAGE_BYTES)
+            bounded = middle_truncate(message.encode(), _MAX_MESSAGE_BYTES)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded)
             raise  # unreachable: abort raises
 
