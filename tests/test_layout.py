@@ -22,7 +22,18 @@ SIM = "rbln_device_plugin_sim"
 # Each tier may import only from lower tiers; layers of one tier are independent of each
 # other. Tier 0 holds leaf modules that anything may use (and that use each other).
 TIERS: tuple[frozenset[str], ...] = (
-    frozenset({"__init__", "_version", "_build_version", "api", "resources", "shorten", "waits"}),
+    frozenset(
+        {
+            "__init__",
+            "_version",
+            "_build_version",
+            "api",
+            "durations",
+            "resources",
+            "shorten",
+            "waits",
+        }
+    ),
     frozenset({"config", "model"}),  # pure: plain data in, plain data out
     frozenset({"telemetry", "topology"}),
     frozenset({"host", "options"}),

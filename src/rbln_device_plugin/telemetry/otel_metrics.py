@@ -23,7 +23,8 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
 
 from rbln_device_plugin import __version__
-from rbln_device_plugin.config import Config, format_duration
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.durations import format_duration
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.telemetry import exposition, logs, tracing
 from rbln_device_plugin.telemetry.metrics import NOOP, OK, Metrics, status_label
