@@ -37,10 +37,11 @@ from rbln_device_plugin.model.inventory import (
     DeviceFacts,
     Inventory,
     Problem,
+    Screening,
     SmiRecord,
     SriovFacts,
-    classify,
-    select_records,
+    inventory_from,
+    screen,
 )
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
@@ -140,8 +141,8 @@ class Scanner:
         self.facts = FactsCache()
         # The last listing, its records and what it gave, while the output stays the same.
         self._last_output: str | None = None
-        self._records: list[SmiRecord] = []
-        self._listing_problems: tuple[Problem, ...] = ()
+        self._screening = Screening(())
+        self._parse_problems: tuple[Problem, ...] = ()
         self._last_inventory: Inventory | None = None
 
     def locate(self) -> Path:
@@ -170,17 +171,16 @@ class Scanner:
         """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""
         if text != self._last_output:
             records, parse_problems = parse_inventory(text)  # DiscoveryError: cache untouched
-            kept, select_problems = select_records(records)
             self._last_output = text
-            self._records = kept
-            self._listing_problems = (*parse_problems, *select_problems)
+            self._screening = screen(records)
+            self._parse_problems = tuple(parse_problems)
             self._last_inventory = None
-            self.facts.listing_changed([record.bus_id for record in kept])
-        facts, fresh = await self._facts(self._records)
+            self.facts.listing_changed([record.bus_id for record in self._screening.kept])
+        facts, fresh = await self._facts(self._screening.kept)
         if not fresh and self._last_inventory is not None:
             return self._last_inventory
-        classified = classify(self._records, facts)
-        inventory = Inventory(classified.resources, (*self._listing_problems, *classified.problems))
+        classified = inventory_from(self._screening, facts)
+        inventory = Inventory(classified.resources, (*self._parse_problems, *classified.problems))
         self._last_inventory = inventory
         return inventory
 
