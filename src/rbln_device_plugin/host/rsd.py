@@ -52,7 +52,6 @@ from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
 
-DEFAULT_LOCK_PATH: Final = Path("/var/run/rbln-rsd-group.lock")
 LOCK_TIMEOUT_S: Final = 5.0
 LOCK_RETRY_S: Final = 0.1
 LIST_TIMEOUT_S: Final = 5.0
@@ -211,8 +210,8 @@ async def recreate_rsd_group(
     bus_ids: Sequence[str],
     hostio: HostIO,
     *,
-    lock_path: Path = DEFAULT_LOCK_PATH,
-    dev_root: Path = Path("/dev"),
+    lock_path: Path,
+    dev_root: Path,
     lock_timeout: float = LOCK_TIMEOUT_S,
     list_timeout: float = LIST_TIMEOUT_S,
     change_timeout: float = CHANGE_TIMEOUT_S,

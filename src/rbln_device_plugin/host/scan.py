@@ -15,7 +15,6 @@ wait (see ``host.hostio``).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -65,11 +64,6 @@ class ScanResult:
     resources: Mapping[str, tuple[Device, ...]]
     # Everything excluded this scan (already logged by the Scanner when new).
     problems: tuple[Problem, ...] = ()
-    duration_ms: float = 0.0
-
-    @property
-    def device_count(self) -> int:
-        return sum(len(devices) for devices in self.resources.values())
 
 
 class ProblemLog:
@@ -88,10 +82,6 @@ class ProblemLog:
         for problem in fresh:
             log.error(problem.message, **problem.fields)
         return fresh
-
-    @property
-    def active(self) -> frozenset[str]:
-        return frozenset(self._active)
 
 
 class FactsCache:
@@ -151,7 +141,6 @@ class Scanner:
 
     async def scan(self) -> ScanResult:
         """Run discovery once. Raises DiscoveryError when the node's inventory is unknown."""
-        started = time.monotonic()
         binary = await self._hostio.call("rbln-smi lookup", self.locate)
         if isinstance(binary, Stalled):
             raise DiscoveryError(f"looking for rbln-smi: {binary}")
@@ -161,11 +150,7 @@ class Scanner:
             raise DiscoveryError(str(exc)) from exc
         inventory = await self.inventory(text)
         self.problems.update(inventory.problems)
-        return ScanResult(
-            resources=inventory.resources,
-            problems=inventory.problems,
-            duration_ms=round((time.monotonic() - started) * 1000, 3),
-        )
+        return ScanResult(resources=inventory.resources, problems=inventory.problems)
 
     async def inventory(self, text: str) -> Inventory:
         """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import grpc
 
@@ -75,7 +75,7 @@ def _failure_class(exc: BaseException) -> str:
         return m.ALLOCATE_DEVICE_NODE
     if isinstance(exc, rsd.RsdLockTimeout):
         return m.ALLOCATE_RSD_LOCK
-    if isinstance(exc, rsd.RsdError | smi.DiscoveryError):  # incl. rbln-smi not found
+    if isinstance(exc, rsd.RsdError):  # incl. rbln-smi not found
         return m.ALLOCATE_RSD_GROUP
     return m.ALLOCATE_INTERNAL
 
@@ -165,7 +165,7 @@ class Allocator:
         requested: Sequence[Sequence[str]],
         exc: Exception,
         started: float,
-    ) -> None:
+    ) -> NoReturn:
         """End a failed call: count it, log it (unless logged), abort it with a message."""
         failure = exc if isinstance(exc, AllocationError) else None
         result = failure.result if failure is not None else m.ALLOCATE_INTERNAL
@@ -293,9 +293,13 @@ class Allocator:
         return response
 
     async def _locate_rbln_smi(self) -> Path:
-        found = await self._hostio.call(
-            "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
-        )
+        # Not finding rbln-smi is a discovery error to the scan; here it fails the group.
+        try:
+            found = await self._hostio.call(
+                "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
+            )
+        except smi.SmiNotFound as exc:
+            raise rsd.RsdError(str(exc)) from exc
         if isinstance(found, Stalled):
             raise rsd.RsdError(f"looking for rbln-smi: {found}")
         return found

@@ -130,7 +130,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 return prepared.response
         except Exception as exc:
             await self._allocator.refuse(context, requested, exc, started)
-            raise  # abort raised already; this only keeps a stand-in context honest
 
     async def PreStartContainer(
         self,
