@@ -47,4 +47,4 @@ VF_RESOURCES: Final[Mapping[int, str]] = {
     r.vf_mode: r.name for r in RESOURCES if r.vf_mode is not None
 }
 # The longest plugin socket name: the one that must fit a unix socket address.
-LONGEST_SOCKET_NAME: Final = max((r.socket_name for r in RESOURCES), key=len)
+LONGEST_SOCKET_NAME: Final = max((r.socket_name for r in RESOURCES), key=lambda n: (len(n), n))
