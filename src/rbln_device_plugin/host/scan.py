@@ -15,14 +15,13 @@ wait (see ``host.hostio``).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.host.smi import (
-    DEFAULT_CANDIDATES,
     INVENTORY_TIMEOUT_S,
     DiscoveryError,
     SmiError,
@@ -115,17 +114,15 @@ class Scanner:
         sysfs_root: Path = Path("/sys"),
         smi_path: Path | None = None,
         timeout: float = INVENTORY_TIMEOUT_S,
-        candidates: Sequence[Path] = DEFAULT_CANDIDATES,
-        search_path: str | None = None,
+        locate: Callable[[], Path] | None = None,
         hostio: HostIO | None = None,
         metrics: Metrics = NOOP,
     ) -> None:
         self.sysfs_root = sysfs_root
         self._metrics = metrics
-        self.smi_path = smi_path
         self.timeout = timeout
-        self._candidates = tuple(candidates)
-        self._search_path = search_path
+        # Finds the rbln-smi to run; tests give their own search (see ``locate_rbln_smi``).
+        self._locate = locate or partial(locate_rbln_smi, smi_path)
         self._hostio = hostio or HostIO()
         self.problems = ProblemLog()
         self.facts = FactsCache()
@@ -137,7 +134,7 @@ class Scanner:
 
     def locate(self) -> Path:
         # Looked up per scan: the driver package may be installed after the daemon starts.
-        return locate_rbln_smi(self.smi_path, self._candidates, self._search_path)
+        return self._locate()
 
     async def scan(self) -> ScanResult:
         """Run discovery once. Raises DiscoveryError when the node's inventory is unknown."""
