@@ -190,6 +190,7 @@ async def in_process_allocate_row(calls: int) -> Row:
     from rbln_device_plugin import options
     from rbln_device_plugin.host import rsd
     from rbln_device_plugin.kubelet.plugin import ResourcePlugin
+    from rbln_device_plugin.kubelet.services import SharedServices
     from rbln_device_plugin.telemetry import logs
     from rbln_device_plugin.telemetry.tracing import NoopTracer
 
@@ -200,7 +201,7 @@ async def in_process_allocate_row(calls: int) -> Row:
     cfg = options.parse(node.daemon_args("5s"), {})
     io = HostIO()
     scanned = await Scanner(sysfs_root=cfg.sysfs_root, smi_path=cfg.rbln_smi, hostio=io).scan()
-    plugin = ResourcePlugin(NPU, cfg, NoopTracer(), hostio=io)
+    plugin = ResourcePlugin(NPU, SharedServices(cfg, NoopTracer(), hostio=io))
     await plugin.update(scanned.resources[NPU])
     smi_ms: list[float] = []
     real_run = rsd.run_smi
@@ -228,7 +229,7 @@ async def in_process_allocate_row(calls: int) -> Row:
                 ]
             )
             began = time.perf_counter()
-            await plugin.Allocate(request, Context())  # type: ignore[arg-type]
+            await plugin.servicer.Allocate(request, Context())  # type: ignore[arg-type]
             overheads.append((time.perf_counter() - began) * 1000 - sum(smi_ms))
     finally:
         rsd.run_smi = real_run  # type: ignore[assignment]

@@ -23,7 +23,7 @@ from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.scan import Scanner
 from rbln_device_plugin.host.smi import parse_inventory
 from rbln_device_plugin.host.sysfs import read_statuses
-from rbln_device_plugin.model.inventory import build_inventory
+from rbln_device_plugin.model.inventory import inventory_from, screen
 from rbln_device_plugin_sim.layout import generate
 from rbln_device_plugin_sim.node import materialize
 
@@ -85,7 +85,7 @@ def run(sizes: tuple[int, ...] = SIZES, runs: int = RUNS) -> list[dict[str, Any]
 
             def parse_and_classify(text: str = output) -> None:
                 records, _ = parse_inventory(text)
-                build_inventory(records, {})
+                inventory_from(screen(records), {})
 
             assert full_scan() == size  # sanity: every device is advertised
             results.append(_measure("first scan without rbln-smi", size, runs, full_scan))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rbln_device_plugin import config, options
-from rbln_device_plugin.config import format_duration, parse_duration
+from rbln_device_plugin.durations import format_duration, parse_duration
 
 
 def resolve(argv: list[str], env: dict[str, str] | None = None) -> config.Config:
@@ -306,3 +306,11 @@ def test_an_unsupported_traces_exporter_is_a_usage_error_naming_the_choices(valu
         "OTEL_TRACES_EXPORTER (environment; the flag is --otel-traces-exporter): "
         f"{value!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
     )
+
+
+def test_every_option_is_a_config_field_with_its_own_converter() -> None:
+    from dataclasses import fields
+
+    settings = {f.name for f in fields(config.Config)} - {"sources"}
+    assert {o.field for o in config.OPTIONS} == settings
+    assert all(callable(o.convert) for o in config.OPTIONS)

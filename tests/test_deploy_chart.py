@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbln_device_plugin import _build_version, config, options
-from rbln_device_plugin.telemetry import logs, tracing
+from rbln_device_plugin.telemetry import logs, otlp
 
 from .daemon_process import DaemonProcess
 from .probes import health, health_port
@@ -321,8 +321,8 @@ def daemon_objection(env: Mapping[str, str]) -> str | None:
     endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
     if endpoint:
         try:
-            tracing.parse_endpoint(endpoint)
-        except tracing.EndpointError as exc:
+            otlp.parse_endpoint(endpoint)
+        except otlp.EndpointError as exc:
             return f"tracing disabled: {exc}"
     return None
 

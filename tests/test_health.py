@@ -11,7 +11,6 @@ from rbln_device_plugin.model.health import (
     HealthHistory,
     StatusReading,
     Verdict,
-    lifecycle_name,
     parse_status,
 )
 
@@ -100,8 +99,8 @@ def test_long_malformed_values_are_shortened_in_the_reason() -> None:
 
 
 def test_lifecycle_name_of_none_is_unreadable() -> None:
-    assert lifecycle_name(None) == "UNREADABLE"
-    assert lifecycle_name(3) == "INIT"
+    assert StatusReading(None).name == "UNREADABLE"
+    assert StatusReading(3).name == "INIT"
 
 
 def test_health_strings_are_the_kubelet_constants() -> None:

@@ -12,9 +12,10 @@ from rbln_device_plugin.model.inventory import (
     DeviceFacts,
     SmiRecord,
     SriovFacts,
-    build_inventory,
     classify,
+    inventory_from,
     parse_numa,
+    screen,
     select_records,
     sid_is_known,
 )
@@ -111,10 +112,10 @@ def test_unsupported_product_is_skipped_with_one_problem(product: str) -> None:
 
 
 def test_problem_keys_are_stable_across_scans() -> None:
-    first = build_inventory([rec(product="RBLN-XX01")], {}).problems
-    second = build_inventory([rec(product="RBLN-XX01")], {}).problems
+    first = inventory_from(screen([rec(product="RBLN-XX01")]), {}).problems
+    second = inventory_from(screen([rec(product="RBLN-XX01")]), {}).problems
     assert [p.key for p in first] == [p.key for p in second]
-    other = build_inventory([rec("rbln1", "0000:06:00.0", "RBLN-XX01")], {}).problems
+    other = inventory_from(screen([rec("rbln1", "0000:06:00.0", "RBLN-XX01")]), {}).problems
     assert first[0].key != other[0].key
 
 
@@ -209,7 +210,7 @@ def test_mixed_node_advertises_both_resources() -> None:
         **{f"0000:17:00.{k + 1}": facts(SriovFacts("0000:17:00.0", 4)) for k in range(4)},
         "0000:18:00.0": facts(),
     }
-    inv = build_inventory(records, table)
+    inv = inventory_from(screen(records), table)
     assert {k: [d.name for d in v] for k, v in inv.resources.items()} == {
         RESOURCE_NPU_VF4: ["rbln0-0", "rbln0-1", "rbln0-2", "rbln0-3"],
         RESOURCE_NPU: ["rbln1"],
@@ -267,5 +268,5 @@ def test_large_inventory_classifies_every_device() -> None:
     records = [
         rec(f"rbln{i}", f"0000:{i // 256:02x}:{i % 256 // 8:02x}.{i % 8}") for i in range(4096)
     ]
-    inv = build_inventory(records, {r.bus_id: facts() for r in records})
+    inv = inventory_from(screen(records), {r.bus_id: facts() for r in records})
     assert [d.name for d in inv.resources[RESOURCE_NPU]] == [r.name for r in records]

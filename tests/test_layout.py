@@ -22,7 +22,18 @@ SIM = "rbln_device_plugin_sim"
 # Each tier may import only from lower tiers; layers of one tier are independent of each
 # other. Tier 0 holds leaf modules that anything may use (and that use each other).
 TIERS: tuple[frozenset[str], ...] = (
-    frozenset({"__init__", "_version", "_build_version", "api", "waits"}),
+    frozenset(
+        {
+            "__init__",
+            "_version",
+            "_build_version",
+            "api",
+            "durations",
+            "resources",
+            "shorten",
+            "waits",
+        }
+    ),
     frozenset({"config", "model"}),  # pure: plain data in, plain data out
     frozenset({"telemetry", "topology"}),
     frozenset({"host", "options"}),
@@ -146,6 +157,43 @@ def test_daemon_imports_point_down_the_layers_without_cycles() -> None:
     assert sum(len(targets) for targets in graph.values()) > 100, "the parser found no imports"
     assert cycles(graph) == []
     assert upward_imports(graph) == []
+
+
+# Inside a layer: who may know whom. The Allocate path runs one way (servicer -> device
+# state -> allocator), the plugin assembles the parts, and no part reaches back up.
+FORBIDDEN_WITHIN: Mapping[str, frozenset[str]] = {
+    f"{DAEMON}.kubelet.allocate": frozenset(
+        {f"{DAEMON}.kubelet.{m}" for m in ("plugin", "servicer", "devicestate", "preferred")}
+    ),
+    f"{DAEMON}.kubelet.devicestate": frozenset(
+        {f"{DAEMON}.kubelet.plugin", f"{DAEMON}.kubelet.servicer"}
+    ),
+    f"{DAEMON}.kubelet.servicer": frozenset({f"{DAEMON}.kubelet.plugin"}),
+    f"{DAEMON}.kubelet.services": frozenset(
+        {f"{DAEMON}.kubelet.{m}" for m in ("plugin", "servicer", "devicestate", "allocate")}
+    ),
+    f"{DAEMON}.host.proc": frozenset(
+        {f"{DAEMON}.host.{m}" for m in ("smi", "rsd", "scan", "sysfs", "devnodes")}
+    ),
+    f"{DAEMON}.inspect.facts": frozenset(
+        {f"{DAEMON}.inspect.{m}" for m in ("report", "explain", "preferred", "command", "render")}
+    ),
+}
+
+
+def test_modules_within_a_layer_keep_their_boundaries() -> None:
+    modules = module_files(SRC, DAEMON)
+    graph = import_graph(modules, (DAEMON,))
+    wrong = {
+        source: sorted(graph[source] & forbidden)
+        for source, forbidden in FORBIDDEN_WITHIN.items()
+        if source in graph and graph[source] & forbidden
+    }
+    assert wrong == {}
+    # Nothing under kubelet/ knows the scan loop; the Allocate path's parts exist.
+    kubelet = [name for name in graph if name.startswith(f"{DAEMON}.kubelet")]
+    assert not [n for n in kubelet if any(t.startswith(f"{DAEMON}.runtime") for t in graph[n])]
+    assert {f"{DAEMON}.kubelet.allocate", f"{DAEMON}.kubelet.devicestate"} <= set(graph)
 
 
 def test_simulator_imports_have_no_cycles() -> None:

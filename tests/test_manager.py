@@ -11,8 +11,9 @@ from structlog.testing import capture_logs
 
 from rbln_device_plugin import options
 from rbln_device_plugin.host.scan import DiscoveryError, ScanResult
+from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, Device
-from rbln_device_plugin.runtime.manager import Manager
+from rbln_device_plugin.runtime.manager import Manager, ScanHooks
 from rbln_device_plugin.telemetry.tracing import disabled
 from rbln_device_plugin_sim.kubelet import KubeletStub
 
@@ -55,7 +56,11 @@ async def managing(
     )  # fmt: skip
     kubelet = KubeletStub(config.kubelet_dir)
     await kubelet.start()
-    manager = Manager(config, disabled().tracer, _nothing, scanner=scanner)  # type: ignore[arg-type]
+    manager = Manager(
+        SharedServices(config, disabled().tracer),
+        ScanHooks(first_scan=_nothing),
+        scanner,  # type: ignore[arg-type]
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from rbln_device_plugin.host.proc import trim_output
 from rbln_device_plugin.host.smi import (
     DiscoveryError,
     SmiError,
     locate_rbln_smi,
     parse_inventory,
     run_smi,
-    trim_output,
 )
 from rbln_device_plugin.telemetry import logs
 

@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from rbln_device_plugin.kubelet.allocate import MAX_UNWORKED_CONTAINER_SPANS
-from rbln_device_plugin.telemetry.tracing import EndpointError, parse_endpoint
+from rbln_device_plugin.telemetry.otlp import EndpointError, parse_endpoint
 from rbln_device_plugin_sim.state import Fault
 
 from .otlp_receiver import ExportKeeper, serving

@@ -10,8 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rbln_device_plugin import __version__, config, options
-from rbln_device_plugin.model import inventory
+from rbln_device_plugin import __version__, config, options, resources
 from rbln_device_plugin.telemetry import grpc_relay, logs
 
 
@@ -66,7 +65,7 @@ def _main(args: Sequence[str]) -> int:
             f"{config.IGNORED_ENV}=false has no effect: resource names are fixed",
             variable=config.IGNORED_ENV,
             value=legacy_names,
-            resourceNames=[inventory.RESOURCE_NPU, *inventory.VF_RESOURCES.values()],
+            resourceNames=list(resources.RESOURCE_NAMES),
             hint="per-product names such as rebellions.ai/ATOM are not advertised; "
             "workloads must request the names above",
         )

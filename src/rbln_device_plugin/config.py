@@ -7,11 +7,13 @@ reads the environment (``options`` turns a command line into the flag values).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
+
+from rbln_device_plugin import resources
+from rbln_device_plugin.durations import format_duration, parse_duration
 
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
@@ -41,78 +43,6 @@ class ConfigError(ValueError):
     """A setting that cannot be used. The message names the flag or variable that gave it."""
 
 
-_DURATION_UNITS: Final[Mapping[str, float]] = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_DURATION_TERM: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_duration(text: str) -> float:
-    """Parse a Go duration ("5s", "200ms", "1m30s", "1.5h") into seconds.
-
-    The sign is kept so the caller can reject negative values with its own message.
-    """
-    raw = text.strip()
-    body = raw[1:] if raw[:1] in ("+", "-") else raw
-    sign = -1.0 if raw.startswith("-") else 1.0
-    if body == "0":
-        return 0.0
-    if not body:
-        raise ValueError(f"invalid duration {text!r}")
-    total = 0.0
-    position = 0
-    while position < len(body):
-        match = _DURATION_TERM.match(body, position)
-        if match is None:
-            raise ValueError(
-                f"invalid duration {text!r} (expected a number with a unit: ns, us, ms, s, m, h)"
-            )
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        position = match.end()
-    return sign * total
-
-
-def format_duration(seconds: float) -> str:
-    """Render seconds exactly as Go's ``time.Duration.String`` does.
-
-    "0s", "250ms", "1.5µs", "5s", "1m30s", "1h30m0s": below one second the largest
-    fitting sub-second unit; from one second on hours and minutes are printed whenever a
-    larger unit is present, and seconds always, with trailing fractional zeros dropped.
-    """
-    nanos = round(seconds * 1e9)
-    sign = "-" if nanos < 0 else ""
-    left = abs(nanos)
-    if left < 1_000_000_000:
-        if left == 0:
-            return "0s"
-        if left < 1_000:
-            return f"{sign}{left}ns"
-        if left < 1_000_000:
-            return f"{sign}{_fraction(left, 3)}µs"
-        return f"{sign}{_fraction(left, 6)}ms"
-    text = f"{_fraction(left % 60_000_000_000, 9)}s"
-    minutes = left // 60_000_000_000
-    if minutes:
-        text = f"{minutes % 60}m{text}"
-        if minutes >= 60:
-            text = f"{minutes // 60}h{text}"
-    return sign + text
-
-
-def _fraction(value: int, digits: int) -> str:
-    """``value / 10**digits`` in decimal, without trailing zeros (Go's fmtFrac)."""
-    whole, part = divmod(value, 10**digits)
-    decimals = f"{part:0{digits}d}".rstrip("0")
-    return f"{whole}.{decimals}" if decimals else str(whole)
-
-
 @dataclass(frozen=True, slots=True)
 class Option:
     """One setting: its flag, environment variable, default text and help."""
@@ -123,6 +53,8 @@ class Option:
     default: str
     help: str
     metavar: str
+    # Turns the raw text (flag, variable or default) into the value; ConfigError if unusable.
+    convert: Callable[[str], Any]
     # How --help names the default when the literal default means something else.
     shown_default: str = ""
 
@@ -140,58 +72,153 @@ DEFAULT_METRICS_EXPORT_INTERVAL_S: Final = 60.0
 DEFAULT_SCAN_STALL_LIMIT_S: Final = 120.0
 TRACES_EXPORTERS: Final = ("otlp", "none")
 
+
+def _path(raw: str) -> Path:
+    if not raw.strip():
+        raise ConfigError("a path is required")
+    if "\x00" in raw:
+        raise ConfigError("path contains a NUL byte")
+    return Path(raw)
+
+
+def _host_dir(raw: str) -> Path:
+    """A directory the chart mounts from the host: absolute, no ".." (as its schema says)."""
+    path = _path(raw)
+    if not raw.startswith("/"):
+        raise ConfigError(f"{raw!r} is not an absolute path")
+    if ".." in raw.split("/"):
+        raise ConfigError(f"{raw!r} contains '..'; give the directory itself")
+    return path
+
+
+def _port(raw: str) -> int:
+    try:
+        port = int(raw.strip(), 10)
+    except ValueError:
+        raise ConfigError(f"{raw!r} is not an integer port") from None
+    if port > 65535:
+        raise ConfigError(f"port {port} is out of range (0-65535, <0 disables)")
+    return port
+
+
+# How a too small and a too long duration are worded, per kind of setting.
+_INTERVAL_WORDING: Final = (
+    "interval must be positive, got {raw!r}",
+    "interval {raw!r} is longer than {most}",
+)
+_LIMIT_WORDING: Final = (
+    "{raw!r} must be positive and at most {most}",
+    "{raw!r} must be positive and at most {most}",
+)
+
+
+def _positive_duration(wording: tuple[str, str]) -> Callable[[str], float]:
+    """A converter for a Go duration that is positive and at most a day."""
+
+    def convert(raw: str) -> float:
+        try:
+            seconds = parse_duration(raw)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        most = format_duration(MAX_SCAN_INTERVAL_S)
+        if seconds <= 0:
+            raise ConfigError(wording[0].format(raw=raw, most=most))
+        if seconds > MAX_SCAN_INTERVAL_S:
+            raise ConfigError(wording[1].format(raw=raw, most=most))
+        return seconds
+
+    return convert
+
+
+_interval = _positive_duration(_INTERVAL_WORDING)
+_limit = _positive_duration(_LIMIT_WORDING)
+
+
+def _text(raw: str) -> str:
+    return raw.strip()
+
+
+def _bool(raw: str) -> bool:
+    text = raw.strip()
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise ConfigError(f"{raw!r} is not a boolean (true or false)")
+
+
+def _traces_exporter(raw: str) -> str:
+    # OpenTelemetry's variable, read as its specification says (enum values ignore case);
+    # of its exporters only OTLP is built in, and a list ("otlp,console") would promise
+    # more than the daemon sends.
+    text = raw.strip().lower()
+    if text not in TRACES_EXPORTERS:
+        raise ConfigError(
+            f"{raw!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
+        )
+    return text
+
+
+def _optional_path(raw: str) -> Path | None:
+    return _path(raw) if raw.strip() else None
+
+
 OPTIONS: Final[tuple[Option, ...]] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
-           "directory of CDI spec files; stale transient specs are removed from it", "DIR"),
+           "directory of CDI spec files; stale transient specs are removed from it", "DIR",
+           convert=_host_dir),
     Option("kubelet_dir", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
-           "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR"),
+           "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR",
+           convert=_host_dir),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515",
            "TCP port of the gRPC health service; negative disables it, 0 picks a free port",
-           "PORT"),
+           "PORT", convert=_port),
     Option("scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL",
            format_duration(DEFAULT_SCAN_INTERVAL_S),
            "interval between device inventory scans, a Go duration such as 500ms, 5s, 1m30s "
-           f"or 1h30m0s; positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
+           f"or 1h30m0s; positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION",
+           convert=_interval),
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
            "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
-           "empty disables tracing", "ENDPOINT"),
+           "empty disables tracing", "ENDPOINT", convert=_text),
     Option("traces_exporter", "--otel-traces-exporter", "OTEL_TRACES_EXPORTER", "otlp",
            "otlp sends allocation traces to the OTLP endpoint when one is set; none keeps "
-           "them off, for an endpoint that should get metrics only", "otlp|none"),
+           "them off, for an endpoint that should get metrics only", "otlp|none",
+           convert=_traces_exporter),
     Option("metrics_port", "--metrics-port", "METRICS_PORT", "-1",
            "TCP port of the Prometheus metrics endpoint (GET /metrics); negative disables it, "
-           "0 picks a free port", "PORT", shown_default="-1 (off)"),
+           "0 picks a free port", "PORT", shown_default="-1 (off)", convert=_port),
     Option("metrics_otlp", "--metrics-otlp", "METRICS_OTLP", "false",
            "push metrics over OTLP to --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT, apart "
-           "from tracing", "BOOL"),
+           "from tracing", "BOOL", convert=_bool),
     Option("metrics_export_interval", "--metrics-export-interval", "METRICS_EXPORT_INTERVAL",
            format_duration(DEFAULT_METRICS_EXPORT_INTERVAL_S),
            "time between OTLP metric pushes, a Go duration; positive and at most "
-           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", convert=_interval),
     Option("node_name", "--node-name", "NODE_NAME", "",
-           "Kubernetes node name, recorded on traces as k8s.node.name", "NAME"),
+           "Kubernetes node name, recorded on traces as k8s.node.name", "NAME", convert=_text),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
-           "sysfs mount point (device status, PCI hierarchy, SR-IOV files)", "DIR"),
+           "sysfs mount point (device status, PCI hierarchy, SR-IOV files)", "DIR", convert=_path),
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev",
-           "directory of NPU and RSD device nodes on the host", "DIR"),
+           "directory of NPU and RSD device nodes on the host", "DIR", convert=_path),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI_PATH", "",
            "rbln-smi executable; when unset, the first executable rbln-smi in /usr/bin, "
            "/run/rbln/driver/usr/bin, /host/usr/bin, /host/driver/usr/bin, then PATH", "PATH",
-           shown_default="search"),
+           shown_default="search", convert=_optional_path),
     Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
-           "lock file serialising RSD group changes between processes", "PATH"),
+           "lock file serialising RSD group changes between processes", "PATH", convert=_path),
     Option("scan_stall_limit", "--scan-stall-limit", "SCAN_STALL_LIMIT",
            format_duration(DEFAULT_SCAN_STALL_LIMIT_S),
            "a device scan still running after this long turns the liveness health service "
            "NOT_SERVING until it finishes (the chart's probe then restarts the pod); a Go "
-           f"duration, positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION"),
+           f"duration, positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION",
+           convert=_limit),
     Option("test_file_device_nodes", "--test-file-device-nodes", "RBLN_TEST_FILE_DEVICE_NODES",
            "false", "TEST ONLY (the simulated node): accept regular files where device nodes "
-           "belong; never set it on a real node", "BOOL"),
+           "belong; never set it on a real node", "BOOL", convert=_bool),
 )  # fmt: skip
 
 _UNIX_SOCKET_PATH_MAX: Final = 107
-_LONGEST_SOCKET_NAME: Final = "rbln-device-plugin-rebellions-ai-npu-vf4.sock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,107 +300,6 @@ def _origin(option: Option, source: str) -> str:
     return f"{option.flag} (default)"
 
 
-def _path(option: Option, raw: str) -> Path:
-    if not raw.strip():
-        raise ConfigError("a path is required")
-    if "\x00" in raw:
-        raise ConfigError("path contains a NUL byte")
-    return Path(raw)
-
-
-def _host_dir(option: Option, raw: str) -> Path:
-    """A directory the chart mounts from the host: absolute, no ".." (as its schema says)."""
-    path = _path(option, raw)
-    if not raw.startswith("/"):
-        raise ConfigError(f"{raw!r} is not an absolute path")
-    if ".." in raw.split("/"):
-        raise ConfigError(f"{raw!r} contains '..'; give the directory itself")
-    return path
-
-
-def _port(option: Option, raw: str) -> int:
-    try:
-        port = int(raw.strip(), 10)
-    except ValueError:
-        raise ConfigError(f"{raw!r} is not an integer port") from None
-    if port > 65535:
-        raise ConfigError(f"port {port} is out of range (0-65535, <0 disables)")
-    return port
-
-
-def _interval(option: Option, raw: str) -> float:
-    try:
-        seconds = parse_duration(raw)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if seconds <= 0:
-        raise ConfigError(f"interval must be positive, got {raw!r}")
-    if seconds > MAX_SCAN_INTERVAL_S:
-        raise ConfigError(f"interval {raw!r} is longer than {format_duration(MAX_SCAN_INTERVAL_S)}")
-    return seconds
-
-
-def _limit(option: Option, raw: str) -> float:
-    try:
-        seconds = parse_duration(raw)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if not 0 < seconds <= MAX_SCAN_INTERVAL_S:
-        raise ConfigError(
-            f"{raw!r} must be positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}"
-        )
-    return seconds
-
-
-def _text(option: Option, raw: str) -> str:
-    return raw.strip()
-
-
-def _bool(option: Option, raw: str) -> bool:
-    text = raw.strip()
-    if text in _GO_TRUE:
-        return True
-    if text in _GO_FALSE:
-        return False
-    raise ConfigError(f"{raw!r} is not a boolean (true or false)")
-
-
-def _traces_exporter(option: Option, raw: str) -> str:
-    # OpenTelemetry's variable, read as its specification says (enum values ignore case);
-    # of its exporters only OTLP is built in, and a list ("otlp,console") would promise
-    # more than the daemon sends.
-    text = raw.strip().lower()
-    if text not in TRACES_EXPORTERS:
-        raise ConfigError(
-            f"{raw!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
-        )
-    return text
-
-
-def _optional_path(option: Option, raw: str) -> Path | None:
-    return _path(option, raw) if raw.strip() else None
-
-
-_CONVERTERS: Final[Mapping[str, Callable[[Option, str], Any]]] = {
-    "cdi_root": _host_dir,
-    "kubelet_dir": _host_dir,
-    "healthcheck_port": _port,
-    "scan_interval": _interval,
-    "otlp_endpoint": _text,
-    "traces_exporter": _traces_exporter,
-    "metrics_port": _port,
-    "metrics_otlp": _bool,
-    "metrics_export_interval": _interval,
-    "node_name": _text,
-    "sysfs_root": _path,
-    "dev_root": _path,
-    "rbln_smi": _optional_path,
-    "rsd_lock_path": _path,
-    "scan_stall_limit": _limit,
-    "test_file_device_nodes": _bool,
-}
-
-
 def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     """Build the Config from parsed flag values (None = not given) and the environment."""
     values: dict[str, Any] = {}
@@ -386,7 +312,7 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Conf
             raw, source = option.default, "default"
         sources[option.field] = source
         try:
-            values[option.field] = _CONVERTERS[option.field](option, raw)
+            values[option.field] = option.convert(raw)
         except ConfigError as exc:
             raise ConfigError(f"{_origin(option, source)}: {exc}") from None
     config = Config(**values, sources=sources)
@@ -396,7 +322,7 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Conf
             f"{config.origin('metrics_otlp')}: OTLP metrics need a collector; set "
             f"{endpoint.flag} or {endpoint.env}"
         )
-    socket_path = config.kubelet_dir / _LONGEST_SOCKET_NAME
+    socket_path = config.kubelet_dir / resources.LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
         raise ConfigError(
             f"{config.origin('kubelet_dir')}: {config.kubelet_dir} is too long for unix "

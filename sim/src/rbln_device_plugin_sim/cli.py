@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from rbln_device_plugin import resources
 from rbln_device_plugin_sim import kubeletcmds, nodecmds
 from rbln_device_plugin_sim.layout import PRESETS, LayoutError
 from rbln_device_plugin_sim.shell import SIM_PROG
 from rbln_device_plugin_sim.state import COMMANDS, FAULT_MODES, StateError
 from rbln_device_plugin_sim.tree import SimError
 
-NPU = "rebellions.ai/npu"
+NPU = resources.NPU.name
 
 
 def _parser() -> argparse.ArgumentParser:

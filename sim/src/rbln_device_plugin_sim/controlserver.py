@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
+from rbln_device_plugin import resources
 from rbln_device_plugin_sim.control import REREGISTER_WAIT_S, Answer, socket_path
 from rbln_device_plugin_sim.kubelet import KubeletStub, ResourceView
 from rbln_device_plugin_sim.tree import SimError
@@ -180,7 +181,7 @@ class ControlServer:
             resource = given
         else:
             holding = [r for r in registered if ids and set(ids) <= set(_ids(self.stub.view(r)))]
-            resource = holding[0] if holding else "rebellions.ai/npu"
+            resource = holding[0] if holding else resources.NPU.name
         if resource not in registered:
             listed = ", ".join(registered) or "none yet; is the daemon running?"
             raise SimError(

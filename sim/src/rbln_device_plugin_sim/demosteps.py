@@ -19,12 +19,13 @@ from typing import IO, Final
 
 import grpc
 
+from rbln_device_plugin import resources
 from rbln_device_plugin_sim import shell
 from rbln_device_plugin_sim.demolog import DaemonLog, folded
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.node import SimNode
 
-RESOURCE: Final = "rebellions.ai/npu"
+RESOURCE: Final = resources.NPU.name
 CDI_KEY: Final = "cdi.k8s.io/rebellions.ai_npu"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 REGISTERED: Final = "Registered device plugin with kubelet"

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rbln_device_plugin.model.health import lifecycle_name
+from rbln_device_plugin.model.health import StatusReading
 from rbln_device_plugin_sim import control, shell
 from rbln_device_plugin_sim.layout import PRESETS, Layout, SimDevice, preset
 from rbln_device_plugin_sim.node import LAYOUT_FILE, SimError, SimNode, materialize, remove_node
@@ -78,7 +78,7 @@ def set_status(args: argparse.Namespace) -> int:
     if value is None:
         print(f"{args.device}: status file deleted (the daemon reads it as UNREADABLE)")
     elif isinstance(value, int):
-        print(f"{args.device}: status file now reads {value} ({lifecycle_name(value)})")
+        print(f"{args.device}: status file now reads {value} ({StatusReading(value).name})")
     else:
         print(f"{args.device}: status file now holds {value!r} (not a status code: UNREADABLE)")
     return 0

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Final
 
 import rbln_device_plugin_sim
+from rbln_device_plugin import resources
 from rbln_device_plugin_sim.layout import SimDevice
 
 LAYOUT_FILE: Final = "layout.json"
 STATE_FILE: Final = "smi-state.json"
 # The longest socket file name the daemon creates in the kubelet directory.
-LONGEST_SOCKET: Final = "rbln-device-plugin-rebellions-ai-npu-vf4.sock"
+LONGEST_SOCKET: Final = resources.LONGEST_SOCKET_NAME
 MAX_SOCKET_PATH: Final = 100
 PCI_VENDOR: Final = "0x1eff"
 

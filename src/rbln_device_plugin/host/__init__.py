@@ -1,8 +1,9 @@
 """Everything that reads or changes the node, behind bounded, off-loop calls.
 
-``sysfs`` (status, PCI path, SR-IOV files), ``smi`` (find and run ``rbln-smi``, parse its
-JSON), ``rsd`` (RSD groups under the node-wide lock), ``devnodes`` (waiting for /dev
-nodes), ``scan`` (one inventory pass: rbln-smi, sysfs facts, ``model.inventory``),
-``hostio`` (the thread runner that bounds every blocking call), ``inotify`` and
-``paths`` (file modes and identities).
+``sysfs`` (status, PCI path, SR-IOV files), ``proc`` (a bounded subprocess run),
+``smi`` (find and run ``rbln-smi``, the one parser of its JSON), ``rsd`` (RSD groups
+under the node-wide lock), ``devnodes`` (waiting for /dev nodes), ``scan`` (one
+inventory pass: rbln-smi, sysfs facts, ``model.inventory``), ``hostio`` (the thread
+runner that bounds every blocking call), ``inotify`` and ``paths`` (file modes and
+identities).
 """

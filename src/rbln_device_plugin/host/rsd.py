@@ -41,17 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from rbln_device_plugin.host import smi
 from rbln_device_plugin.host.devnodes import DeviceNodeMissing, NotADeviceNode, wait_for_nodes
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.paths import ensure_dir
-from rbln_device_plugin.host.smi import DiscoveryError, SmiError, load_devices, run_smi
+from rbln_device_plugin.host.smi import DiscoveryError, GroupEntry, SmiError, run_smi
 from rbln_device_plugin.model.inventory import is_valid_bus_id
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
 
-DEFAULT_LOCK_PATH: Final = Path("/var/run/rbln-rsd-group.lock")
 LOCK_TIMEOUT_S: Final = 5.0
 LOCK_RETRY_S: Final = 0.1
 LIST_TIMEOUT_S: Final = 5.0
@@ -91,44 +91,12 @@ class RsdGroup:
     host_path: Path  # <dev root>/rsd<group_id>
 
 
-@dataclass(frozen=True, slots=True)
-class GroupEntry:
-    """One device of ``rbln-smi -g -j`` as far as groups are concerned."""
-
-    bus_id: str | None  # lowercase
-    npu: int | None
-    group_id: str
-    name: str | None = None  # "rbln0"
-
-
 def parse_groups(text: str) -> list[GroupEntry]:
-    """Every listed device must report its group: a skipped entry could hide a used id."""
+    """``rbln-smi -g -j``; RsdError when it cannot be trusted (see ``smi.parse_groups``)."""
     try:
-        devices = load_devices(text)
-    except DiscoveryError as exc:
+        return smi.parse_groups(text)
+    except (DiscoveryError, ValueError) as exc:
         raise RsdError(str(exc)) from None
-    entries: list[GroupEntry] = []
-    for index, entry in enumerate(devices):
-        if not isinstance(entry, dict):
-            raise RsdError(f"rbln-smi -g -j entry {index} is not an object")
-        group = entry.get("group_id")
-        if isinstance(group, int) and not isinstance(group, bool):
-            group = str(group)
-        if not isinstance(group, str):
-            raise RsdError(f"rbln-smi -g -j entry {index} has no group_id")
-        pci = entry.get("pci")
-        bus = pci.get("bus_id") if isinstance(pci, dict) else None
-        npu = entry.get("npu")
-        name = entry.get("device")
-        entries.append(
-            GroupEntry(
-                bus_id=bus.lower() if isinstance(bus, str) else None,
-                npu=npu if isinstance(npu, int) and not isinstance(npu, bool) else None,
-                group_id=group.strip(),
-                name=name if isinstance(name, str) else None,
-            )
-        )
-    return entries
 
 
 def check_mapping(entries: Sequence[GroupEntry], expected: Mapping[str, str]) -> None:
@@ -242,8 +210,8 @@ async def recreate_rsd_group(
     bus_ids: Sequence[str],
     hostio: HostIO,
     *,
-    lock_path: Path = DEFAULT_LOCK_PATH,
-    dev_root: Path = Path("/dev"),
+    lock_path: Path,
+    dev_root: Path,
     lock_timeout: float = LOCK_TIMEOUT_S,
     list_timeout: float = LIST_TIMEOUT_S,
     change_timeout: float = CHANGE_TIMEOUT_S,

@@ -15,15 +15,13 @@ wait (see ``host.hostio``).
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.host.smi import (
-    DEFAULT_CANDIDATES,
     INVENTORY_TIMEOUT_S,
     DiscoveryError,
     SmiError,
@@ -37,10 +35,11 @@ from rbln_device_plugin.model.inventory import (
     DeviceFacts,
     Inventory,
     Problem,
+    Screening,
     SmiRecord,
     SriovFacts,
-    classify,
-    select_records,
+    inventory_from,
+    screen,
 )
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
@@ -64,11 +63,6 @@ class ScanResult:
     resources: Mapping[str, tuple[Device, ...]]
     # Everything excluded this scan (already logged by the Scanner when new).
     problems: tuple[Problem, ...] = ()
-    duration_ms: float = 0.0
-
-    @property
-    def device_count(self) -> int:
-        return sum(len(devices) for devices in self.resources.values())
 
 
 class ProblemLog:
@@ -87,10 +81,6 @@ class ProblemLog:
         for problem in fresh:
             log.error(problem.message, **problem.fields)
         return fresh
-
-    @property
-    def active(self) -> frozenset[str]:
-        return frozenset(self._active)
 
 
 class FactsCache:
@@ -124,33 +114,30 @@ class Scanner:
         sysfs_root: Path = Path("/sys"),
         smi_path: Path | None = None,
         timeout: float = INVENTORY_TIMEOUT_S,
-        candidates: Sequence[Path] = DEFAULT_CANDIDATES,
-        search_path: str | None = None,
+        locate: Callable[[], Path] | None = None,
         hostio: HostIO | None = None,
         metrics: Metrics = NOOP,
     ) -> None:
         self.sysfs_root = sysfs_root
         self._metrics = metrics
-        self.smi_path = smi_path
         self.timeout = timeout
-        self._candidates = tuple(candidates)
-        self._search_path = search_path
+        # Finds the rbln-smi to run; tests give their own search (see ``locate_rbln_smi``).
+        self._locate = locate or partial(locate_rbln_smi, smi_path)
         self._hostio = hostio or HostIO()
         self.problems = ProblemLog()
         self.facts = FactsCache()
         # The last listing, its records and what it gave, while the output stays the same.
         self._last_output: str | None = None
-        self._records: list[SmiRecord] = []
-        self._listing_problems: tuple[Problem, ...] = ()
+        self._screening = Screening(())
+        self._parse_problems: tuple[Problem, ...] = ()
         self._last_inventory: Inventory | None = None
 
     def locate(self) -> Path:
         # Looked up per scan: the driver package may be installed after the daemon starts.
-        return locate_rbln_smi(self.smi_path, self._candidates, self._search_path)
+        return self._locate()
 
     async def scan(self) -> ScanResult:
         """Run discovery once. Raises DiscoveryError when the node's inventory is unknown."""
-        started = time.monotonic()
         binary = await self._hostio.call("rbln-smi lookup", self.locate)
         if isinstance(binary, Stalled):
             raise DiscoveryError(f"looking for rbln-smi: {binary}")
@@ -160,27 +147,22 @@ class Scanner:
             raise DiscoveryError(str(exc)) from exc
         inventory = await self.inventory(text)
         self.problems.update(inventory.problems)
-        return ScanResult(
-            resources=inventory.resources,
-            problems=inventory.problems,
-            duration_ms=round((time.monotonic() - started) * 1000, 3),
-        )
+        return ScanResult(resources=inventory.resources, problems=inventory.problems)
 
     async def inventory(self, text: str) -> Inventory:
         """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""
         if text != self._last_output:
             records, parse_problems = parse_inventory(text)  # DiscoveryError: cache untouched
-            kept, select_problems = select_records(records)
             self._last_output = text
-            self._records = kept
-            self._listing_problems = (*parse_problems, *select_problems)
+            self._screening = screen(records)
+            self._parse_problems = tuple(parse_problems)
             self._last_inventory = None
-            self.facts.listing_changed([record.bus_id for record in kept])
-        facts, fresh = await self._facts(self._records)
+            self.facts.listing_changed([record.bus_id for record in self._screening.kept])
+        facts, fresh = await self._facts(self._screening.kept)
         if not fresh and self._last_inventory is not None:
             return self._last_inventory
-        classified = classify(self._records, facts)
-        inventory = Inventory(classified.resources, (*self._listing_problems, *classified.problems))
+        classified = inventory_from(self._screening, facts)
+        inventory = Inventory(classified.resources, (*self._parse_problems, *classified.problems))
         self._last_inventory = inventory
         return inventory
 

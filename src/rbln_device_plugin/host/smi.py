@@ -1,17 +1,19 @@
-"""rbln-smi: find the binary, run it with a deadline, parse its JSON inventory."""
+"""rbln-smi: find the binary, run it (``proc``) and count the call, parse its JSON.
+
+The only parser of rbln-smi's JSON: the inventory (``-j``) and the groups (``-g -j``).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from rbln_device_plugin.host import proc
 from rbln_device_plugin.model.inventory import Problem, SmiRecord
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
@@ -27,9 +29,6 @@ DEFAULT_CANDIDATES: Final = (
 INVENTORY_TIMEOUT_S: Final = 5.0
 # A healthy 64-device listing is tens of KiB; the cap only stops a runaway tool.
 MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024
-ERROR_OUTPUT_BYTES: Final = 4096
-# After SIGKILL the reap is normally instant; this bounds a stuck pipe holder.
-_REAP_TIMEOUT_S: Final = 2.0
 
 
 class DiscoveryError(Exception):
@@ -44,12 +43,8 @@ class SmiNotFound(DiscoveryError):
         self.tried = tuple(tried)
 
 
-class SmiError(Exception):
-    """An rbln-smi run failed: could not start, timed out, exited non-zero, printed too much."""
-
-    def __init__(self, message: str, result: str = m.SMI_ERROR) -> None:
-        super().__init__(message)
-        self.result = result  # the metrics' result class (telemetry.metrics.SMI_*)
+# An rbln-smi run failed: could not start, timed out, exited non-zero, printed too much.
+SmiError = proc.CommandError
 
 
 def _is_executable_file(path: Path) -> bool:
@@ -90,77 +85,6 @@ def locate_rbln_smi(
     )
 
 
-def trim_output(data: bytes, limit: int = ERROR_OUTPUT_BYTES) -> str:
-    """Strip and middle-truncate tool output for an error message."""
-    data = data.strip()
-    if len(data) > limit:
-        half = limit // 2
-        omitted = len(data) - 2 * half
-        data = data[:half] + f" ...[{omitted} bytes omitted]... ".encode() + data[-half:]
-    return data.decode("utf-8", errors="replace")
-
-
-class _OutputTooLarge(Exception):
-    pass
-
-
-async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> bytes:
-    if stream is None:
-        return b""
-    chunks: list[bytes] = []
-    total = 0
-    while chunk := await stream.read(64 * 1024):
-        total += len(chunk)
-        if total > cap:
-            raise _OutputTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with code {returncode}"
-
-
-async def _drain(stream: asyncio.StreamReader | None) -> None:
-    while stream is not None and await stream.read(64 * 1024):
-        pass
-
-
-async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:
-    # The tool runs in its own session, so the whole group goes, including helpers that
-    # would otherwise keep our pipes open (asyncio reaps only once the pipes close, and a
-    # paused reader never sees EOF, hence the drain).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        await asyncio.wait_for(
-            asyncio.gather(_drain(proc.stdout), _drain(proc.stderr), proc.wait()),
-            _REAP_TIMEOUT_S,
-        )
-    except TimeoutError:
-        # Something outside the group still holds a pipe: drop the pipes, stop waiting.
-        transport = getattr(proc, "_transport", None)
-        if transport is not None:
-            transport.close()
-        log.warning("rbln-smi did not exit after SIGKILL", pid=proc.pid)
-
-
-async def _collect(proc: asyncio.subprocess.Process, cap: int) -> tuple[bytes, bytes, int]:
-    out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap))
-    err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap))
-    try:
-        stdout, stderr = await asyncio.gather(out_task, err_task)
-    finally:
-        out_task.cancel()
-        err_task.cancel()
-    return stdout, stderr, await proc.wait()
-
-
 async def run_smi(
     binary: Path,
     args: Sequence[str],
@@ -170,7 +94,7 @@ async def run_smi(
     pass_fds: Sequence[int] = (),
     metrics: m.Metrics = m.NOOP,
 ) -> str:
-    """Run ``binary args`` (no shell, stdin closed) and return its stdout.
+    """Run ``binary args`` (see ``proc.run``) and return its stdout; counts the call.
 
     The process is killed on timeout, on oversized output and on cancellation. Raises
     SmiError naming the command, duration, exit status and the trimmed output.
@@ -179,7 +103,10 @@ async def run_smi(
     started = time.monotonic()
     result = m.SMI_CANCELLED
     try:
-        output = await _run_smi(binary, args, timeout, max_output, pass_fds, started)
+        output = await proc.run(
+            binary, args, timeout, tool="rbln-smi", max_output=max_output,
+            pass_fds=pass_fds, started=started,
+        )  # fmt: skip
         result = m.OK
         return output
     except SmiError as exc:
@@ -188,62 +115,6 @@ async def run_smi(
     finally:
         if metrics.enabled:
             metrics.rbln_smi_call(m.smi_subcommand(args), result, time.monotonic() - started)
-
-
-async def _run_smi(
-    binary: Path,
-    args: Sequence[str],
-    timeout: float,  # noqa: ASYNC109 - see run_smi
-    max_output: int,
-    pass_fds: Sequence[int],
-    started: float,
-) -> str:
-    command = " ".join([str(binary), *args])
-
-    def elapsed_ms() -> int:
-        return round((time.monotonic() - started) * 1000)
-
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            str(binary),
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=tuple(pass_fds),
-        )
-    except OSError as exc:
-        raise SmiError(f"`{command}` could not be started: {exc}", m.SMI_NOT_STARTED) from exc
-
-    try:
-        async with asyncio.timeout(timeout):
-            stdout, stderr, returncode = await _collect(proc, max_output)
-    except TimeoutError:
-        await _kill_and_reap(proc)
-        raise SmiError(
-            f"`{command}` timed out after {elapsed_ms()} ms (limit {timeout:g} s) and was killed",
-            m.SMI_TIMEOUT,
-        ) from None
-    except _OutputTooLarge:
-        await _kill_and_reap(proc)
-        raise SmiError(
-            f"`{command}` printed more than {max_output} bytes within {elapsed_ms()} ms "
-            "and was killed",
-            m.SMI_OUTPUT_TOO_LARGE,
-        ) from None
-    except BaseException:
-        await _kill_and_reap(proc)
-        raise
-
-    if returncode != 0:
-        output = trim_output(stderr + b"\n" + stdout if stderr else stdout)
-        raise SmiError(
-            f"`{command}` {_describe_exit(returncode)} after {elapsed_ms()} ms"
-            + (f": {output}" if output else " (no output)"),
-            m.SMI_ERROR,
-        )
-    return stdout.decode("utf-8", errors="replace")
 
 
 def load_devices(text: str) -> list[Any]:
@@ -255,7 +126,7 @@ def load_devices(text: str) -> list[Any]:
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        shown = trim_output(text.encode(), 256)
+        shown = proc.trim_output(text.encode(), 256)
         raise DiscoveryError(f"rbln-smi printed invalid JSON ({exc}): {shown!r}") from None
     if not isinstance(document, dict):
         raise DiscoveryError(f"rbln-smi JSON is a {type(document).__name__}, not an object")
@@ -357,3 +228,40 @@ def parse_inventory(text: str) -> tuple[list[SmiRecord], list[Problem]]:
         if entry.problem is not None:
             problems.append(entry.problem)
     return records, problems
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEntry:
+    """One device of ``rbln-smi -g -j`` as far as groups are concerned."""
+
+    bus_id: str | None  # lowercase
+    npu: int | None
+    group_id: str
+    name: str | None = None  # "rbln0"
+
+
+def parse_groups(text: str) -> list[GroupEntry]:
+    """``rbln-smi -g -j``: every listed device must report its group, since a skipped
+    entry could hide a used id. DiscoveryError for bad JSON, ValueError for an entry."""
+    entries: list[GroupEntry] = []
+    for index, entry in enumerate(load_devices(text)):
+        if not isinstance(entry, dict):
+            raise ValueError(f"rbln-smi -g -j entry {index} is not an object")
+        group = entry.get("group_id")
+        if isinstance(group, int) and not isinstance(group, bool):
+            group = str(group)
+        if not isinstance(group, str):
+            raise ValueError(f"rbln-smi -g -j entry {index} has no group_id")
+        pci = entry.get("pci")
+        bus = pci.get("bus_id") if isinstance(pci, dict) else None
+        npu = entry.get("npu")
+        name = entry.get("device")
+        entries.append(
+            GroupEntry(
+                bus_id=bus.lower() if isinstance(bus, str) else None,
+                npu=npu if isinstance(npu, int) and not isinstance(npu, bool) else None,
+                group_id=group.strip(),
+                name=name if isinstance(name, str) else None,
+            )
+        )
+    return entries

@@ -27,15 +27,10 @@ from typing import Final
 from rbln_device_plugin import __version__, config, options
 from rbln_device_plugin.host import smi, sysfs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
+from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
+from rbln_device_plugin.inspect.preferred import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
-from rbln_device_plugin.inspect.report import (
-    RESOURCES,
-    HostFacts,
-    SmiOutcome,
-    build_report,
-    explain_preferred,
-    wanted_reads,
-)
+from rbln_device_plugin.inspect.report import RESOURCES, build_report
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, DeviceFacts, SriovFacts
 from rbln_device_plugin.telemetry import logs
 

@@ -12,15 +12,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
-from rbln_device_plugin.inspect.report import (
-    Choice,
-    Finding,
-    PreferredReport,
-    Report,
-    Row,
-    SmiOutcome,
-    score_levels,
-)
+from rbln_device_plugin.inspect.facts import SmiOutcome
+from rbln_device_plugin.inspect.preferred import Choice, PreferredReport, score_levels
+from rbln_device_plugin.inspect.report import Finding, Report, Row
 
 SCHEMA_VERSION: Final = 1
 _CELL_MAX: Final = 72

@@ -1,54 +1,41 @@
 """``rbln-device-plugin inspect``: what the node has, what the kubelet is told, and why.
 
-Pure. One read-only pass over the host (``command``) produces ``HostFacts``: the
-rbln-smi outcome entry by entry, the sysfs facts and the status readings. This module
-runs them through the daemon's own policy (record screening, SR-IOV classification, a
-first scan's health verdicts from a fresh ``HealthHistory`` per resource) and explains every
-device: the resource it is advertised under, or why it is not. ``explain_preferred``
-answers a ``GetPreferredAllocation`` the way the resource plugin would, with the
-runner-up. Rendering (table and JSON) lives in ``render``.
+Pure. One read-only pass over the host (``command``) produces ``HostFacts`` (``facts``).
+This module runs them through the daemon's own policy, the very functions a scan and a
+new resource plugin use (``screen`` and ``inventory_from``, then ``DeviceTable`` with a
+fresh ``HealthHistory`` per resource), and explains every device: the resource it is
+advertised under, or why it is not. ``preferred`` answers a ``GetPreferredAllocation``
+the way the resource plugin would; rendering (table and JSON) lives in ``render``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from rbln_device_plugin.host.smi import ParsedEntry
+from rbln_device_plugin import resources
 from rbln_device_plugin.host.sysfs import SysfsDevice
-from rbln_device_plugin.model.devicetable import Entry
+from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
+from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.health import HealthHistory, StatusReading
 from rbln_device_plugin.model.inventory import (
-    RESOURCE_NPU,
-    RESOURCE_NPU_VF1,
-    RESOURCE_NPU_VF4,
     VF_RESOURCES,
     Device,
     DeviceFacts,
     Problem,
     SmiRecord,
     SriovFacts,
-    classify,
-    is_valid_bus_id,
-    is_valid_name,
+    inventory_from,
     natural_key,
     parse_numa,
     resource_for,
-    screen_records,
-)
-from rbln_device_plugin.topology import (
-    Candidate,
-    Fallback,
-    Score,
-    candidate_from_device,
-    preferred_allocation,
-    score,
+    screen,
 )
 
 # Resource names are fixed: the summary always shows all three, so a missing one is a 0.
-RESOURCES: Final = (RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4)
+RESOURCES: Final = resources.RESOURCE_NAMES
 EXIT_OK: Final = 0
 EXIT_PROBLEMS: Final = 1
 _NOT_READ: Final = StatusReading(None, "status not read")
@@ -59,75 +46,6 @@ class Severity(StrEnum):
     ERROR = "error"
     # Degrades placement only (the device is still advertised and usable): exit 0.
     WARNING = "warning"
-
-
-# ----------------------------------------------------------------------------- facts
-
-
-@dataclass(frozen=True, slots=True)
-class SmiOutcome:
-    """What running ``rbln-smi -j`` gave."""
-
-    path: str | None  # the binary that ran (or the configured one that is unusable)
-    error: str = ""  # why discovery failed; empty when the inventory was read
-    tried: tuple[str, ...] = ()  # rbln-smi not found: every path looked at, in order
-    entries: tuple[ParsedEntry, ...] = ()
-    duration_ms: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
-
-
-@dataclass(frozen=True, slots=True)
-class HostFacts:
-    """Everything one read-only pass saw."""
-
-    smi: SmiOutcome
-    sysfs_devices: tuple[SysfsDevice, ...] = ()
-    facts: Mapping[str, DeviceFacts] = field(default_factory=dict)  # by lowercase BDF
-    statuses: Mapping[str, StatusReading] = field(default_factory=dict)  # by device name
-    config: Mapping[str, Any] = field(default_factory=dict)  # Config.describe()
-
-
-def wanted_reads(
-    entries: Iterable[ParsedEntry], sysfs_devices: Iterable[SysfsDevice]
-) -> tuple[list[str], list[str]]:
-    """(bus IDs, names) whose sysfs facts and status files the report needs.
-
-    Only shapes the inventory accepts: nothing else ever becomes a sysfs path.
-    """
-    bus_ids: dict[str, None] = {}
-    names: dict[str, None] = {}
-    for entry in entries:
-        name, bus_id = _identity(entry)
-        if bus_id is not None and is_valid_bus_id(bus_id):
-            bus_ids[bus_id.lower()] = None
-        if name is not None and is_valid_name(name):
-            names[name] = None
-    for device in sysfs_devices:
-        if device.bus_id is not None:
-            bus_ids[device.bus_id] = None
-        if device.name is not None:
-            names[device.name] = None
-    return list(bus_ids), list(names)
-
-
-def _identity(entry: ParsedEntry) -> tuple[str | None, str | None]:
-    """Name and bus ID of an entry, from its record or, when malformed, its raw fields."""
-    if entry.record is not None:
-        return entry.record.name, entry.record.bus_id
-    raw = entry.raw if isinstance(entry.raw, Mapping) else {}
-    pci = raw.get("pci")
-    name = raw.get("device")
-    bus_id = pci.get("bus_id") if isinstance(pci, Mapping) else None
-    return (
-        name if isinstance(name, str) else None,
-        bus_id if isinstance(bus_id, str) else None,
-    )
-
-
-# ----------------------------------------------------------------------------- report
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +144,7 @@ class _Explainer:
         for parsed in self.host.smi.entries:
             if parsed.problem is None:
                 continue
-            name, bus_id = _identity(parsed)
+            name, bus_id = identity(parsed)
             row = Row(
                 name,
                 bus_id,
@@ -240,20 +158,17 @@ class _Explainer:
     def records(self) -> None:
         """Screening, classification and first-scan health: the daemon's own functions."""
         records = [parsed.record for parsed in self.host.smi.entries if parsed.record]
-        screened = list(screen_records(records))
-        kept = [record for record, problem in screened if problem is None]
-        for resource, devices in classify(kept, self.host.facts).resources.items():
-            history = HealthHistory()  # a new plugin's empty history: a first scan's verdicts
-            self.tables[resource] = {
-                device.name: Entry(device, history.observe(device.name, self._reading(device)))
-                for device in devices
-            }
+        screening = screen(records)
+        for resource, devices in inventory_from(screening, self.host.facts).resources.items():
+            table = DeviceTable(HealthHistory())  # a new plugin's: a first scan's verdicts
+            table.apply_scan(devices, {device.name: self._reading(device) for device in devices})
+            self.tables[resource] = dict(table.entries)
         advertised = {
             name: (resource, entry)
             for resource, table in self.tables.items()
             for name, entry in table.items()
         }
-        for record, rejected in screened:
+        for record, rejected in screening.outcomes:
             row = self._record_row(record)
             if rejected is not None:
                 self.rows.append(self._status(replace(row, why_not=_why(rejected)), record.name))
@@ -474,128 +389,3 @@ def _natural(name: str | None, bus_id: str | None) -> tuple[Any, ...]:
     if name is None:
         return (1, (), bus_id or "")
     return (0, natural_key(name), bus_id or "")
-
-
-# ----------------------------------------------------------------------------- preferred
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    device_ids: tuple[str, ...]  # in the plugin's answer order: must-include first
-    score: Score
-
-
-@dataclass(frozen=True, slots=True)
-class PreferredReport:
-    resource: str
-    size: int
-    available: tuple[str, ...]
-    must_include: tuple[str, ...]
-    winner: Choice | None = None  # None: the plugin would fall back to the kubelet
-    runner_up: Choice | None = None  # the best other selection; None when there is none
-    # How the plugin answered without the general search: "must-include", "all-available",
-    # "one-device", "one-card"; None when it searched.
-    shortcut: str | None = None
-    fallback: str = ""  # why the plugin would answer an empty list
-    runner_up_note: str = ""  # e.g. a sub-search over budget: the runner-up may be inexact
-
-    @property
-    def decided_by(self) -> str | None:
-        """The first score level at which the winner beats the runner-up."""
-        if self.winner is None or self.runner_up is None:
-            return None
-        for name, mine, theirs in zip(
-            Score._fields, self.winner.score, self.runner_up.score, strict=True
-        ):
-            if mine != theirs:
-                return name
-        return None
-
-
-def score_levels(value: Score) -> dict[str, Any]:
-    """Every level by name, the ID tie-break included (as a list)."""
-    return {
-        name: list(level) if isinstance(level, tuple) else level
-        for name, level in value._asdict().items()
-    }
-
-
-def explain_preferred(
-    report: Report,
-    resource: str,
-    size: int,
-    available: Sequence[str] | None,
-    must_include: Sequence[str],
-) -> PreferredReport:
-    """What the resource plugin would answer now, with the runner-up.
-
-    ``available`` defaults to the resource's Healthy devices: what the kubelet offers
-    on a node where nothing is allocated yet.
-    """
-    table = report.tables.get(resource)
-    if table is None:
-        offered = ", ".join(sorted(report.tables)) or "none"
-        return PreferredReport(
-            resource,
-            size,
-            tuple(available or ()),
-            tuple(must_include),
-            fallback=f"{resource} is not advertised on this node (advertised: {offered})",
-        )
-    if available is None:
-        available = sorted(name for name, entry in table.items() if entry.healthy)
-    request = PreferredReport(resource, size, tuple(available), tuple(must_include))
-    candidates = {name: candidate_from_device(entry.device) for name, entry in table.items()}
-    try:
-        result = preferred_allocation(candidates, available, must_include, size)
-    except Fallback as exc:
-        return replace(request, fallback=exc.reason)
-    except Exception as exc:  # the plugin answers an empty list for these too
-        return replace(request, fallback=f"internal error in topology search: {exc!r}")
-    winner = Choice(tuple(result.device_ids), result.score or score(result.device_ids, candidates))
-    runner_up, note = _runner_up(candidates, available, must_include, size, winner)
-    if result.capped is not None:
-        note = (
-            f"the search reached its safety cap ({result.capped} steps): the answer is "
-            "complete but may not be the best" + (f"; {note}" if note else "")
-        )
-    return replace(
-        request,
-        winner=winner,
-        runner_up=runner_up,
-        shortcut=result.shortcut,
-        runner_up_note=note,
-    )
-
-
-def _runner_up(
-    candidates: Mapping[str, Candidate],
-    available: Sequence[str],
-    must_include: Sequence[str],
-    size: int,
-    winner: Choice,
-) -> tuple[Choice | None, str]:
-    """The best selection other than the winner.
-
-    Any other selection leaves out at least one of the winner's non-mandatory devices,
-    so the best of "the winner's request without device d", over every such d, is the
-    runner-up.
-    """
-    mandatory = set(must_include)
-    best: Choice | None = None
-    note = ""
-    for left_out in winner.device_ids:
-        if left_out in mandatory:
-            continue
-        rest = [device for device in available if device != left_out]
-        if size > len(set(rest)):
-            continue  # no selection of this size without that device
-        try:
-            other = preferred_allocation(candidates, rest, must_include, size)
-        except Fallback as exc:
-            note = f"a runner-up search was cut short ({exc.reason}); it may not be the best"
-            continue
-        other_score = other.score or score(other.device_ids, candidates)
-        if best is None or other_score < best.score:
-            best = Choice(tuple(other.device_ids), other_score)
-    return best, note

@@ -1,4 +1,9 @@
-"""Allocate: validate, final status check, then per container an RSD group and specs.
+"""Allocate: request validation, then per container an RSD group and specs.
+
+The flow is one way. The resource's device state validates the request and takes the
+final status check (``validate_request``, ``DeviceState.allocation_snapshot``), giving an
+immutable snapshot; ``Allocator.prepare`` builds the containers from it and returns what
+happened, a wanted rescan included, for the servicer to act on.
 
 Nothing touches the host before every requested ID matched the plugin's inventory, and
 no RSD group is created before the final status check passed for every distinct device.
@@ -15,23 +20,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2
-from rbln_device_plugin.config import Config
 from rbln_device_plugin.host import devnodes, rsd, smi
-from rbln_device_plugin.host.hostio import HostIO, Stalled
+from rbln_device_plugin.host.hostio import Stalled
 from rbln_device_plugin.kubelet import cdi
-from rbln_device_plugin.model.devicetable import DeviceTable
-from rbln_device_plugin.model.health import Health, Verdict
+from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.shorten import middle_truncate
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
-from rbln_device_plugin.telemetry.tracing import Tracer, mark_error
+from rbln_device_plugin.telemetry.tracing import mark_error
 
 CONTAINER_RSD_PATH: Final = "/dev/rsd0"
 PERMISSIONS: Final = "rw"
@@ -51,11 +56,17 @@ class AllocationError(Exception):
     """Fails the whole Allocate call with INVALID_ARGUMENT and this message."""
 
     def __init__(
-        self, message: str, *, logged: bool = False, result: str = m.ALLOCATE_INVALID_REQUEST
+        self,
+        message: str,
+        *,
+        logged: bool = False,
+        result: str = m.ALLOCATE_INVALID_REQUEST,
+        rescan_wanted: bool = False,
     ) -> None:
         super().__init__(message)
         self.logged = logged  # the per-container failure record was already written
         self.result = result  # the metrics' result class
+        self.rescan_wanted = rescan_wanted  # the node's devices changed since the last scan
 
 
 def _failure_class(exc: BaseException) -> str:
@@ -64,7 +75,7 @@ def _failure_class(exc: BaseException) -> str:
         return m.ALLOCATE_DEVICE_NODE
     if isinstance(exc, rsd.RsdLockTimeout):
         return m.ALLOCATE_RSD_LOCK
-    if isinstance(exc, rsd.RsdError | smi.DiscoveryError):  # incl. rbln-smi not found
+    if isinstance(exc, rsd.RsdError):  # incl. rbln-smi not found
         return m.ALLOCATE_RSD_GROUP
     return m.ALLOCATE_INTERNAL
 
@@ -75,79 +86,103 @@ def _show(ids: Sequence[str]) -> str:
     return text + (f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else "")
 
 
-class Allocator:
-    def __init__(
-        self,
-        resource: str,
-        table: DeviceTable,
-        config: Config,
-        tracer: Tracer,
-        check_health: Callable[[Sequence[str]], Awaitable[Mapping[str, Verdict]]],
-        rsd_local_lock: asyncio.Lock,
-        hostio: HostIO,
-        metrics: m.Metrics = m.NOOP,
-        request_rescan: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._resource = resource
-        self._metrics = metrics
-        self._request_rescan = request_rescan
-        self._rsd_local_lock = rsd_local_lock
-        self._table = table
-        self._config = config
-        self._tracer = tracer
-        self._check_health = check_health
-        self._hostio = hostio
+# The requested devices as the final status check saw them, by device ID.
+Snapshot = Mapping[str, Device]
 
-    async def allocate(
-        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.AllocateResponse:
-        started = time.monotonic()
-        requested = [list(c.devices_ids) for c in request.container_requests]
-        try:
-            with self._tracer.start_as_current_span(
-                "Allocate", attributes={"rbln.resource_name": self._resource}
-            ):
-                # Every container request gets its allocateContainer child, even when the
-                # request is rejected before any container's turn.
-                try:
-                    snapshot = await self._validate(requested)
-                except Exception as exc:
-                    known = {i: entry.device for i, entry in self._table.entries.items()}
-                    self._unworked_spans(requested, known, exc, f"request rejected: {exc}")
-                    raise
-                response = api_pb2.AllocateResponse()
-                for index, ids in enumerate(requested):
-                    try:
-                        container = await self._container(ids, snapshot)
-                    except Exception:
-                        self._unworked_spans(
-                            requested[index + 1 :], snapshot, None,
-                            f"not attempted: container {index} failed",
-                        )  # fmt: skip
-                        raise
-                    response.container_responses.append(container)
-                self._metrics.allocation(self._resource, m.OK, time.monotonic() - started)
-                return response
-        except Exception as exc:
-            failure = exc if isinstance(exc, AllocationError) else None
-            result = failure.result if failure is not None else m.ALLOCATE_INTERNAL
-            self._metrics.allocation(self._resource, result, time.monotonic() - started)
-            if failure is None or not failure.logged:
-                log.error(
-                    "Container allocation failed",
-                    resourceName=self._resource,
-                    deviceIDs=[i[:_SHOWN_ID_CHARS] for c in requested for i in c][:_SHOWN_IDS],
-                    err=exc,
-                    durationMs=_ms(started),
-                    exc_info=failure is None,  # a traceback only for the unexpected
-                )
-            message = (
-                str(exc) if failure is not None else f"{self._resource}: internal error: {exc}"
+
+def validate_request(
+    resource: str, requested: Sequence[Sequence[str]], entries: Mapping[str, object]
+) -> list[str]:
+    """Reject bad requests before any host access; the distinct IDs in request order."""
+    if not requested:
+        raise AllocationError(f"{resource}: the request names no containers")
+    owner: dict[str, int] = {}
+    for index, ids in enumerate(requested):
+        if not ids:
+            raise AllocationError(f"{resource}: container {index} requests no devices")
+        unknown = [i for i in dict.fromkeys(ids) if i not in entries]
+        if unknown:
+            raise AllocationError(
+                f"{resource}: unknown device IDs {_show(unknown)} (not managed by this plugin now)"
             )
-            # The message ends up in the pod's events: keep it short, the log has it all.
-            bounded = smi.trim_output(message.encode(), _MAX_MESSAGE_BYTES)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded)
-            raise  # unreachable: abort raises
+        repeated = [i for i, n in Counter(ids).items() if n > 1]
+        if repeated:
+            raise AllocationError(
+                f"{resource}: container {index} lists {_show(repeated)} more than once"
+            )
+        # Two containers cannot share a device: each gets a group of its own, and the
+        # second group would take the device out of the first.
+        shared = [i for i in ids if owner.setdefault(i, index) != index]
+        if shared:
+            raise AllocationError(
+                f"{resource}: {_show(shared)} requested by more than one container "
+                f"(containers {owner[shared[0]]} and {index})"
+            )
+    return list(owner)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What preparing the containers came to: the response (the containers done so far
+    when ``error`` ended the call); ``rescan_wanted`` when the node's devices changed
+    since the last scan."""
+
+    response: api_pb2.AllocateResponse
+    error: Exception | None = None
+    rescan_wanted: bool = False
+
+
+class Allocator:
+    """Prepares containers from a checked snapshot: device nodes, RSD group, response."""
+
+    def __init__(self, resource: str, services: SharedServices) -> None:
+        self._resource = resource
+        self._config = services.config
+        self._tracer = services.tracer
+        self._hostio = services.hostio
+        self._metrics = services.metrics
+        self._rsd_queue = services.rsd_queue
+
+    async def prepare(self, requested: Sequence[Sequence[str]], snapshot: Snapshot) -> Prepared:
+        """Every container in order; the first failure ends the call (no rollback)."""
+        response = api_pb2.AllocateResponse()
+        for index, ids in enumerate(requested):
+            try:
+                container = await self._container(ids, snapshot)
+            except Exception as exc:
+                self.unworked_spans(
+                    requested[index + 1 :], snapshot, None,
+                    f"not attempted: container {index} failed",
+                )  # fmt: skip
+                changed = isinstance(exc, AllocationError) and exc.rescan_wanted
+                return Prepared(response, exc, rescan_wanted=changed)
+            response.container_responses.append(container)
+        return Prepared(response)
+
+    async def refuse(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        requested: Sequence[Sequence[str]],
+        exc: Exception,
+        started: float,
+    ) -> NoReturn:
+        """End a failed call: count it, log it (unless logged), abort it with a message."""
+        failure = exc if isinstance(exc, AllocationError) else None
+        result = failure.result if failure is not None else m.ALLOCATE_INTERNAL
+        self._metrics.allocation(self._resource, result, time.monotonic() - started)
+        if failure is None or not failure.logged:
+            log.error(
+                "Container allocation failed",
+                resourceName=self._resource,
+                deviceIDs=[i[:_SHOWN_ID_CHARS] for c in requested for i in c][:_SHOWN_IDS],
+                err=exc,
+                durationMs=_ms(started),
+                exc_info=failure is None,  # a traceback only for the unexpected
+            )
+        message = str(exc) if failure is not None else f"{self._resource}: internal error: {exc}"
+        # The message ends up in the pod's events: keep it short, the log has it all.
+        bounded = middle_truncate(message.encode(), _MAX_MESSAGE_BYTES)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded)
 
     def _container_attributes(
         self, ids: Sequence[str], known: Mapping[str, Device]
@@ -168,7 +203,7 @@ class Allocator:
             attributes["rbln.device.bus_ids"] = sorted(d.bus_id for d in devices)
         return attributes
 
-    def _unworked_spans(
+    def unworked_spans(
         self,
         requested: Sequence[Sequence[str]],
         known: Mapping[str, Device],
@@ -191,50 +226,8 @@ class Allocator:
                     span.record_exception(failure)
                 mark_error(span, description[:_MAX_MESSAGE_BYTES])
 
-    async def _validate(self, requested: Sequence[Sequence[str]]) -> Mapping[str, Device]:
-        """Reject bad requests before any host access; return the checked device snapshot."""
-        if not requested:
-            raise AllocationError(f"{self._resource}: the request names no containers")
-        entries = self._table.entries
-        owner: dict[str, int] = {}
-        for index, ids in enumerate(requested):
-            if not ids:
-                raise AllocationError(f"{self._resource}: container {index} requests no devices")
-            unknown = [i for i in dict.fromkeys(ids) if i not in entries]
-            if unknown:
-                raise AllocationError(
-                    f"{self._resource}: unknown device IDs {_show(unknown)} "
-                    f"(not managed by this plugin now)"
-                )
-            repeated = [i for i, n in Counter(ids).items() if n > 1]
-            if repeated:
-                raise AllocationError(
-                    f"{self._resource}: container {index} lists {_show(repeated)} more than once"
-                )
-            # Two containers cannot share a device: each gets a group of its own, and the
-            # second group would take the device out of the first.
-            shared = [i for i in ids if owner.setdefault(i, index) != index]
-            if shared:
-                raise AllocationError(
-                    f"{self._resource}: {_show(shared)} requested by more than one container "
-                    f"(containers {owner[shared[0]]} and {index})"
-                )
-        distinct = list(owner)
-        verdicts = await self._check_health(distinct)
-        unhealthy = [
-            f"{device_id} is {verdict.describe()}"
-            for device_id, verdict in verdicts.items()
-            if verdict.health is Health.UNHEALTHY
-        ]
-        if unhealthy:
-            raise AllocationError(
-                f"{self._resource}: unhealthy devices requested: {'; '.join(unhealthy)}",
-                result=m.ALLOCATE_UNHEALTHY,
-            )
-        return {device_id: entries[device_id].device for device_id in distinct}
-
     async def _container(
-        self, ids: Sequence[str], snapshot: Mapping[str, Device]
+        self, ids: Sequence[str], snapshot: Snapshot
     ) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         devices = [snapshot[i] for i in ids]
@@ -264,14 +257,16 @@ class Allocator:
                 group = await self._recreate_group(binary, devices)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except rsd.DeviceMappingChanged as exc:
-                self._request_rescan()
                 log.error(
                     "Device mapping changed since the last scan; allocation refused, rescanning",
                     **fields, device=exc.device, snapshotBusID=exc.snapshot_bus_id,
                     currentBusID=exc.current_bus_id, durationMs=_ms(started),
                 )  # fmt: skip
                 raise AllocationError(
-                    f"{self._resource}: {exc}", logged=True, result=_failure_class(exc)
+                    f"{self._resource}: {exc}",
+                    logged=True,
+                    result=_failure_class(exc),
+                    rescan_wanted=True,
                 ) from exc
             except Exception as exc:
                 log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
@@ -298,9 +293,13 @@ class Allocator:
         return response
 
     async def _locate_rbln_smi(self) -> Path:
-        found = await self._hostio.call(
-            "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
-        )
+        # Not finding rbln-smi is a discovery error to the scan; here it fails the group.
+        try:
+            found = await self._hostio.call(
+                "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
+            )
+        except smi.SmiNotFound as exc:
+            raise rsd.RsdError(str(exc)) from exc
         if isinstance(found, Stalled):
             raise rsd.RsdError(f"looking for rbln-smi: {found}")
         return found
@@ -316,7 +315,7 @@ class Allocator:
         deadline = loop.time() + rsd.LOCK_TIMEOUT_S
         try:
             async with asyncio.timeout(rsd.LOCK_TIMEOUT_S):
-                await self._rsd_local_lock.acquire()
+                await self._rsd_queue.acquire()
         except TimeoutError:
             raise rsd.RsdLockTimeout(
                 f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
@@ -335,7 +334,7 @@ class Allocator:
                 metrics=self._metrics,
             )
         finally:
-            self._rsd_local_lock.release()
+            self._rsd_queue.release()
 
 
 def _ms(started: float) -> float:

@@ -64,9 +64,6 @@ class DeviceTable:
     def entries(self) -> Mapping[str, Entry]:
         return self._entries
 
-    def get(self, device_id: str) -> Entry | None:
-        return self._entries.get(device_id)
-
     def apply_scan(self, devices: Sequence[Device], readings: Readings) -> list[Change]:
         """Feed each device's status reading to the history, replace the set; return changes."""
         fresh = {

@@ -53,10 +53,6 @@ class StatusReading:
         return self.code is not None
 
 
-def lifecycle_name(code: int | None) -> str:
-    return StatusReading(code).name
-
-
 def _show_code(code: int) -> str:
     digits = str(abs(code))
     if len(digits) > _SHOWN_CODE_DIGITS:
@@ -129,4 +125,5 @@ class HealthHistory:
         return self._unresolved.get(device_id)
 
     def __len__(self) -> int:
+        """Devices with an unresolved Unhealthy observation (tests read it)."""
         return len(self._unresolved)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-RESOURCE_NPU: Final = "rebellions.ai/npu"
-RESOURCE_NPU_VF1: Final = "rebellions.ai/npu-vf1"
-RESOURCE_NPU_VF4: Final = "rebellions.ai/npu-vf4"
+from rbln_device_plugin import resources
 
-# Partition mode (the PF's sriov_numvfs) -> resource its VFs are advertised under.
-VF_RESOURCES: Final[Mapping[int, str]] = {1: RESOURCE_NPU_VF1, 4: RESOURCE_NPU_VF4}
+# Names kept for the callers of this module; the definitions live in ``resources``.
+RESOURCE_NPU: Final = resources.NPU.name
+RESOURCE_NPU_VF1: Final = resources.NPU_VF1.name
+RESOURCE_NPU_VF4: Final = resources.NPU_VF4.name
+VF_RESOURCES: Final = resources.VF_RESOURCES
 SUPPORTED_PRODUCT_PREFIXES: Final = ("RBLN-CA", "RBLN-CR")
 
 # Names and bus IDs end up in /dev and sysfs paths, so only these exact shapes pass.
@@ -146,19 +147,42 @@ def _fields(record: SmiRecord, **extra: Any) -> dict[str, Any]:
     return {"device": record.name, "product": record.product, "busID": record.bus_id, **extra}
 
 
+@dataclass(frozen=True, slots=True)
+class Screening:
+    """Every record of a listing in order, kept (None) or with the Problem that drops it."""
+
+    outcomes: tuple[tuple[SmiRecord, Problem | None], ...]
+
+    @property
+    def kept(self) -> list[SmiRecord]:
+        return [record for record, problem in self.outcomes if problem is None]
+
+    @property
+    def problems(self) -> list[Problem]:
+        return [problem for _, problem in self.outcomes if problem is not None]
+
+
+def screen(records: Iterable[SmiRecord]) -> Screening:
+    """The first step of a scan: records with a usable identity (see ``screen_records``)."""
+    return Screening(tuple(screen_records(records)))
+
+
+def inventory_from(screening: Screening, facts: Mapping[str, DeviceFacts]) -> Inventory:
+    """The second step: the kept records classified, with the problems of both steps.
+
+    The scan and ``inspect`` both end here; ``facts`` need only cover the kept records.
+    """
+    inventory = classify(screening.kept, facts)
+    return Inventory(inventory.resources, (*screening.problems, *inventory.problems))
+
+
 def select_records(records: Iterable[SmiRecord]) -> tuple[list[SmiRecord], list[Problem]]:
     """Keep records with a usable identity; bus IDs come back lowercase.
 
     Duplicates keep the first record in rbln-smi's order, so the outcome is stable.
     """
-    kept: list[SmiRecord] = []
-    problems: list[Problem] = []
-    for record, problem in screen_records(records):
-        if problem is None:
-            kept.append(record)
-        else:
-            problems.append(problem)
-    return kept, problems
+    screening = screen(records)
+    return screening.kept, screening.problems
 
 
 def screen_records(records: Iterable[SmiRecord]) -> Iterator[tuple[SmiRecord, Problem | None]]:
@@ -213,20 +237,7 @@ def screen_records(records: Iterable[SmiRecord]) -> Iterator[tuple[SmiRecord, Pr
             continue
         names.add(record.name)
         bus_ids.add(bus_id)
-        yield (record if bus_id == record.bus_id else _with_bus_id(record, bus_id)), None
-
-
-def _with_bus_id(record: SmiRecord, bus_id: str) -> SmiRecord:
-    return SmiRecord(
-        name=record.name,
-        product=record.product,
-        bus_id=bus_id,
-        pci_device_id=record.pci_device_id,
-        numa_node=record.numa_node,
-        sid=record.sid,
-        npu=record.npu,
-        group_id=record.group_id,
-    )
+        yield (record if bus_id == record.bus_id else replace(record, bus_id=bus_id)), None
 
 
 def resource_for(record: SmiRecord, sriov: SriovFacts) -> tuple[str | None, Problem | None]:
@@ -295,10 +306,3 @@ def classify(records: Sequence[SmiRecord], facts: Mapping[str, DeviceFacts]) -> 
             )
         )
     return Inventory({name: tuple(devices) for name, devices in grouped.items()}, tuple(problems))
-
-
-def build_inventory(records: Iterable[SmiRecord], facts: Mapping[str, DeviceFacts]) -> Inventory:
-    """``select_records`` then ``classify``, with the problems of both steps."""
-    kept, problems = select_records(records)
-    inventory = classify(kept, facts)
-    return Inventory(inventory.resources, (*problems, *inventory.problems))

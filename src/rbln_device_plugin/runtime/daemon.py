@@ -39,10 +39,11 @@ from typing import Final
 from rbln_device_plugin import options
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
 from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
-from rbln_device_plugin.runtime.manager import Manager
+from rbln_device_plugin.runtime.manager import Manager, ScanHooks
 from rbln_device_plugin.runtime.watchdog import ScanWatchdog
 from rbln_device_plugin.telemetry import logs, metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
@@ -153,7 +154,7 @@ async def _serve_locked(
     health: HealthService | None,
     instance: InstanceLock,
 ) -> int:
-    tracer = tracing.setup(config)
+    traces = tracing.setup(config)  # the tracer, and the exporter behind it when enabled
     recorder = await metrics_setup.start(config)
 
     async def mark_ready() -> None:
@@ -174,14 +175,13 @@ async def _serve_locked(
         instance.check()  # kubelets before 1.33 delete the legacy lock file at start
 
     manager = Manager(
-        config,
-        tracer=tracer.tracer,
-        on_first_scan=mark_ready,
-        hostio=HostIO(metrics=recorder),
-        on_scan_start=scan_started,
-        on_scan_end=watchdog.scan_finished,
-        on_kubelet_restart=kubelet_restarted,
-        metrics=recorder,
+        SharedServices(config, traces.tracer, HostIO(metrics=recorder), recorder),
+        ScanHooks(
+            first_scan=mark_ready,
+            scan_start=scan_started,
+            scan_end=watchdog.scan_finished,
+            kubelet_restart=kubelet_restarted,
+        ),
     )
     manager_task = asyncio.create_task(manager.run(stop), name="manager")
     lock_watch = asyncio.create_task(instance.watch(stop), name="instance-lock-watch")
@@ -217,7 +217,7 @@ async def _serve_locked(
         except Exception:
             pass  # already reported above
         watchdog.close()
-        await asyncio.gather(tracer.shutdown(), recorder.shutdown())
+        await asyncio.gather(traces.shutdown(), recorder.shutdown())
         log.info(
             "Shutdown complete",
             signal=received[0].name if received else None,

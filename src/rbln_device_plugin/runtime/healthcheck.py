@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Final
 
 import grpc
-from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from rbln_device_plugin.telemetry.logs import get_logger
 

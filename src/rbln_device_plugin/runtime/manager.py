@@ -1,5 +1,7 @@
 """The scan loop: inventory snapshots -> one ResourcePlugin per resource name.
 
+The manager owns the set of plugins; each plugin owns its device state and registration.
+
 It scans at start and then on a fixed schedule (no drift, no overlap), starts, updates
 and stops plugins to match each snapshot, registers them with the kubelet, re-registers
 after the kubelet's stream ends, and restarts everything when the kubelet recreates its
@@ -16,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
-from rbln_device_plugin.config import Config
-from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.scan import DiscoveryError, Scanner
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.plugin import RegistrationError, ResourcePlugin
+from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
 from rbln_device_plugin.model.health import HealthHistory
 from rbln_device_plugin.model.inventory import Device
@@ -31,7 +33,6 @@ from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.streaks import FailureStreak
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
-from rbln_device_plugin.telemetry.tracing import Tracer
 from rbln_device_plugin.waits import unless_stopped, wait_any
 
 # A kubelet restart also ends every stream. Wait this long for its new socket before
@@ -41,44 +42,49 @@ STREAM_LOSS_GRACE_S: Final = 0.5
 log = get_logger()
 
 
+async def _no_first_scan_hook() -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ScanHooks:
+    """What the daemon around the scan loop hears of it."""
+
+    first_scan: Callable[[], Awaitable[None]] = _no_first_scan_hook  # after the first scan
+    scan_start: Callable[[], None] = lambda: None
+    scan_end: Callable[[], None] = lambda: None
+    # Before the plugins register again with a restarted kubelet.
+    kubelet_restart: Callable[[], None] = lambda: None
+
+
 class Manager:
     def __init__(
         self,
-        config: Config,
-        tracer: Tracer,
-        on_first_scan: Callable[[], Awaitable[None]],
+        services: SharedServices,
+        hooks: ScanHooks = ScanHooks(),
         scanner: Scanner | None = None,
-        hostio: HostIO | None = None,
-        on_scan_start: Callable[[], None] = lambda: None,
-        on_scan_end: Callable[[], None] = lambda: None,
-        on_kubelet_restart: Callable[[], None] = lambda: None,
-        metrics: m.Metrics = m.NOOP,
     ) -> None:
+        config = services.config
         self._config = config
-        self._metrics = metrics
-        self._tracer = tracer
-        self._on_first_scan = on_first_scan
-        self._on_scan_start = on_scan_start
-        self._on_scan_end = on_scan_end
-        # Before the plugins register again with a restarted kubelet.
-        self._on_kubelet_restart = on_kubelet_restart
-        self._hostio = hostio or HostIO()
+        self._services = services
+        self._metrics = services.metrics
+        self._hooks = hooks
+        self._hostio = services.hostio
         self._scanner = scanner or Scanner(
             sysfs_root=config.sysfs_root,
             smi_path=config.rbln_smi,
             hostio=self._hostio,
-            metrics=metrics,
+            metrics=self._metrics,
         )
         self.plugins: dict[str, ResourcePlugin] = {}
         # One health history per resource, for as long as the resource is offered: a
         # kubelet restart (or a deleted socket) replaces the plugin but not what it knew,
         # so a faulted device whose status turns unreadable stays Unhealthy afterwards.
         self._histories: dict[str, HealthHistory] = {}
-        self._wake = asyncio.Event()
-        # Serialises this daemon's RSD group changes (every resource plugin), in arrival
-        # order, in front of the node-wide RSD file lock.
-        self._rsd_local_lock = asyncio.Lock()
-        self.kubelet = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
+        # Set to scan now and keep the schedule: a kubelet restart, a lost stream, or a
+        # plugin that wants a rescan (Allocate found the node changed since the last scan).
+        self._wake = services.rescan_wanted
+        self.kubelet_socket_watch = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
         self._kubelet_dir = KubeletDirectory(config.kubelet_dir)
         # Said once, again on a new reason, and once more when it ends (see streaks).
         self._discovery_failures = FailureStreak()
@@ -93,7 +99,7 @@ class Manager:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._clean_cdi()
-        watcher = asyncio.create_task(self.kubelet.run(stop), name="kubelet-watch")
+        watcher = asyncio.create_task(self.kubelet_socket_watch.run(stop), name="kubelet-watch")
         loop = asyncio.get_running_loop()
         interval = self._config.scan_interval
         next_scan = loop.time()
@@ -102,7 +108,7 @@ class Manager:
                 if not await unless_stopped(self._scan_once(), stop):
                     break
                 if self.scans == 1:
-                    await self._on_first_scan()
+                    await self._hooks.first_scan()
                 now = loop.time()
                 if next_scan <= now:
                     next_scan += interval
@@ -120,50 +126,50 @@ class Manager:
             await self._stop_all()
 
     async def _scan_once(self) -> None:
-        self._on_scan_start()
+        self._hooks.scan_start()
         try:
             await self._restart_if_kubelet_restarted()
             await self._reconcile()
         finally:
-            self._on_scan_end()
-
-    def request_scan(self) -> None:
-        """Scan now (Allocate found the node changed since the last scan); keep the schedule."""
-        self._wake.set()
+            self._hooks.scan_end()
 
     # ----------------------------------------------------------------- scanning
     async def _reconcile(self) -> None:
         started = time.monotonic()
         self.scans += 1
-        outcome = m.OK
+        wanted, outcome = await self._discover()
+        # The kubelet may have restarted while rbln-smi ran: restart first, register once.
+        await self._restart_if_kubelet_restarted()
+        await self._stop_absent(wanted)
+        await self._sync_all(wanted)
+        self._record(wanted, outcome, started)
+
+    async def _discover(self) -> tuple[Mapping[str, Sequence[Device]], str]:
+        """The devices each resource should offer, and the scan's metrics outcome."""
         try:
             result = await self._scanner.scan()
-            wanted: Mapping[str, Sequence[Device]] = {
-                name: devices for name, devices in result.resources.items() if devices
-            }
+            wanted = {name: devices for name, devices in result.resources.items() if devices}
         except DiscoveryError as exc:
             log.error("Device discovery failed; reporting zero devices until it recovers", err=exc)
             self._discovery_failures.failed(str(exc))
-            wanted = {}
-            outcome = m.SCAN_DISCOVERY_FAILED
+            return {}, m.SCAN_DISCOVERY_FAILED
         except Exception as exc:  # a bug on odd input must not end the scan loop
             log.error(
                 "Device discovery failed; reporting zero devices until it recovers",
                 err=f"internal error: {exc!r}", exc_info=True,
             )  # fmt: skip
             self._discovery_failures.failed(repr(exc))
-            wanted = {}
-            outcome = m.SCAN_DISCOVERY_FAILED
-        else:
-            failed_scans = self._discovery_failures.succeeded()
-            if failed_scans:
-                log.info(
-                    "Device discovery recovered",
-                    failedScans=failed_scans,
-                    deviceCount=sum(len(devices) for devices in wanted.values()),
-                )
-        # The kubelet may have restarted while rbln-smi ran: restart first, register once.
-        await self._restart_if_kubelet_restarted()
+            return {}, m.SCAN_DISCOVERY_FAILED
+        failed_scans = self._discovery_failures.succeeded()
+        if failed_scans:
+            log.info(
+                "Device discovery recovered",
+                failedScans=failed_scans,
+                deviceCount=_device_count(wanted),
+            )
+        return wanted, m.OK
+
+    async def _stop_absent(self, wanted: Mapping[str, Sequence[Device]]) -> None:
         for resource in sorted(set(self.plugins) - set(wanted)):
             plugin = self.plugins.pop(resource)
             self._histories.pop(resource, None)
@@ -171,6 +177,8 @@ class Manager:
             await plugin.stop()
             self._registration_failures.pop(resource, None)
             log.info("Stopped device plugin for absent resource", resourceName=resource)
+
+    async def _sync_all(self, wanted: Mapping[str, Sequence[Device]]) -> None:
         # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
         can_start = self._kubelet_dir.present() if wanted else True
         for resource in sorted(wanted):
@@ -181,13 +189,16 @@ class Manager:
                     "Cannot update device plugin; retrying next scan",
                     resourceName=resource, err=exc, exc_info=True,
                 )  # fmt: skip
+
+    def _record(self, wanted: Mapping[str, Sequence[Device]], outcome: str, started: float) -> None:
+        """The scan's metrics and its debug record."""
         if self._metrics.enabled:
             self._count_changes(wanted)
         self._metrics.scan(outcome, time.monotonic() - started)
         log.debug(
             "Reconciled device inventory",
             resourceCount=len(self.plugins),
-            deviceCount=sum(len(devices) for devices in wanted.values()),
+            deviceCount=_device_count(wanted),
             durationMs=round((time.monotonic() - started) * 1000, 2),
             tasks=len(asyncio.all_tasks()),
             streams=sum(plugin.open_streams for plugin in self.plugins.values()),
@@ -219,14 +230,9 @@ class Manager:
                 return
             plugin = ResourcePlugin(
                 resource,
-                self._config,
-                self._tracer,
-                self._stream_lost,
-                self._rsd_local_lock,
-                self._hostio,
-                self._metrics,
+                self._services,
                 self._histories.setdefault(resource, HealthHistory()),
-                self.request_scan,
+                self._stream_lost,
             )
             try:
                 await plugin.start()
@@ -239,28 +245,23 @@ class Manager:
                 return
             self.plugins[resource] = plugin
         await plugin.update(devices)
-        if not plugin.registered and plugin.registration is None:
-            plugin.registration = asyncio.create_task(
-                self._register(plugin), name=f"register {resource}"
-            )
+        plugin.register_in_background(partial(self._registration_ended, plugin))
 
-    async def _register(self, plugin: ResourcePlugin) -> None:
+    def _registration_ended(
+        self, plugin: ResourcePlugin, failure: RegistrationError | None
+    ) -> None:
         streak = self._registration_failures.setdefault(plugin.resource, FailureStreak())
-        try:
-            await plugin.register()
-        except RegistrationError as exc:
+        if failure is not None:
             self._metrics.registration(plugin.resource, m.REGISTRATION_FAILED)
             # A kubelet that is not there fails every scan: say it once per reason.
-            emit = log.error if streak.failed(str(exc)) else log.debug
+            emit = log.error if streak.failed(str(failure)) else log.debug
             emit(
                 "Device plugin registration failed; retrying next scan",
-                resourceName=plugin.resource, err=exc, failedAttempts=streak.failures,
+                resourceName=plugin.resource, err=failure, failedAttempts=streak.failures,
             )  # fmt: skip
         else:
             self._metrics.registration(plugin.resource, m.OK)
             plugin.announce(failed_attempts=streak.succeeded())
-        finally:
-            plugin.registration = None
 
     def _stream_lost(self, plugin: ResourcePlugin) -> None:
         """The kubelet's stream of ``plugin`` ended: a restart, or a stream lost alone."""
@@ -268,11 +269,11 @@ class Manager:
 
     async def _after_stream_loss(self, plugin: ResourcePlugin) -> None:
         await asyncio.sleep(STREAM_LOSS_GRACE_S)
-        self.kubelet.check()
+        self.kubelet_socket_watch.check()
         if self._restart_pending or self.plugins.get(plugin.resource) is not plugin:
             return  # a kubelet restart: every plugin starts again, nothing was lost
         # The kubelet never reopens a stream on its own: register again.
-        plugin.registered = False
+        plugin.registration_lost()
         log.warning("ListAndWatch stream ended; registering again", resourceName=plugin.resource)
         self._wake.set()
 
@@ -294,10 +295,10 @@ class Manager:
         self._wake.set()
 
     async def _restart_if_kubelet_restarted(self) -> None:
-        self.kubelet.check()  # a cheap stat per scan backs up the watch
+        self.kubelet_socket_watch.check()  # a cheap stat per scan backs up the watch
         if self._restart_pending:
             self._restart_pending = False
-            self._on_kubelet_restart()
+            self._hooks.kubelet_restart()
             await self._stop_all()
             await self._clean_cdi()
 
@@ -305,3 +306,7 @@ class Manager:
         await self._hostio.call(
             str(self._config.cdi_root), partial(cdi.remove_transient_specs, self._config.cdi_root)
         )
+
+
+def _device_count(wanted: Mapping[str, Sequence[Device]]) -> int:
+    return sum(len(devices) for devices in wanted.values())

@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from rbln_device_plugin.config import format_duration
+from rbln_device_plugin.durations import format_duration
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()

@@ -23,9 +23,10 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
 
 from rbln_device_plugin import __version__
-from rbln_device_plugin.config import Config, format_duration
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.durations import format_duration
 from rbln_device_plugin.model.devicetable import Entry
-from rbln_device_plugin.telemetry import exposition, logs, tracing
+from rbln_device_plugin.telemetry import exposition, logs, otlp
 from rbln_device_plugin.telemetry.metrics import NOOP, OK, Metrics, status_label
 from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint, MetricsEndpointError
 
@@ -224,7 +225,7 @@ class OtelMetrics(Metrics):
         if self.endpoint is not None:
             await self.endpoint.stop()
         provider = self._provider
-        await tracing.close_bounded(
+        await otlp.close_bounded(
             lambda: provider.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_S * 1000),
             "otel-metrics-shutdown", "metrics flush", "dropped",
         )  # fmt: skip
@@ -244,9 +245,9 @@ def _otlp_reader(config: Config) -> MetricReader:
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-    endpoint = tracing.parse_endpoint(config.otlp_endpoint)
+    endpoint = otlp.parse_endpoint(config.otlp_endpoint)
     exporter = OTLPMetricExporter(
-        endpoint=endpoint.target, insecure=endpoint.insecure, timeout=tracing.EXPORT_TIMEOUT_S
+        endpoint=endpoint.target, insecure=endpoint.insecure, timeout=otlp.EXPORT_TIMEOUT_S
     )
     log.info(
         "OTLP metrics enabled",
@@ -256,7 +257,7 @@ def _otlp_reader(config: Config) -> MetricReader:
     return PeriodicExportingMetricReader(
         exporter,
         export_interval_millis=config.metrics_export_interval * 1000,
-        export_timeout_millis=tracing.EXPORT_TIMEOUT_S * 1000,
+        export_timeout_millis=otlp.EXPORT_TIMEOUT_S * 1000,
     )
 
 
@@ -265,18 +266,18 @@ async def start(config: Config) -> Metrics:
     pull = InMemoryMetricReader() if config.metrics_endpoint_enabled else None
     if pull is not None:
         readers.append(pull)
-    otlp = False
+    pushing = False
     if config.metrics_otlp:
         try:
             readers.append(_otlp_reader(config))
-            otlp = True
-        except tracing.EndpointError as exc:
+            pushing = True
+        except otlp.EndpointError as exc:
             # As tracing does: an unusable collector costs the push, never the endpoint.
             log.warning(
                 "OTLP metrics setup failed; continuing without OTLP metrics",
                 endpoint=config.otlp_endpoint, setting=config.origin("otlp_endpoint"), err=exc,
             )  # fmt: skip
-    resource = tracing.otel_resource(config.node_name)
+    resource = otlp.otel_resource(config.node_name)
     # No atexit hook: an unreachable collector would hold the exiting process for seconds.
     provider = MeterProvider(
         resource=resource,
@@ -294,7 +295,7 @@ async def start(config: Config) -> Metrics:
             log.error("Cannot start metrics endpoint; continuing without it", err=exc)
         else:
             recorder.endpoint = endpoint
-    if recorder.endpoint is None and not otlp:
+    if recorder.endpoint is None and not pushing:
         await recorder.shutdown()  # no way out is left: record nothing at all
         return NOOP
     return recorder

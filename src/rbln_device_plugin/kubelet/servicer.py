@@ -1,0 +1,148 @@
+"""The kubelet DevicePlugin service of one resource: it serves the device state.
+
+ListAndWatch streams the state's published view; GetPreferredAllocation asks the
+topology; Allocate runs one way: the state's checked snapshot, then the allocator's
+containers, then this servicer acts on the outcome (a wanted rescan, the answer).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.kubelet import preferred
+from rbln_device_plugin.kubelet.allocate import Allocator
+from rbln_device_plugin.kubelet.devicestate import DeviceState
+from rbln_device_plugin.kubelet.services import SharedServices
+from rbln_device_plugin.model.devicetable import KubeletDevice
+from rbln_device_plugin.telemetry import metrics as m
+from rbln_device_plugin.telemetry.logs import get_logger
+
+log = get_logger()
+
+
+def plugin_options() -> api_pb2.DevicePluginOptions:
+    return api_pb2.DevicePluginOptions(
+        pre_start_required=False, get_preferred_allocation_available=True
+    )
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        state: DeviceState,
+        services: SharedServices,
+        on_kubelet_stream_lost: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.resource = state.resource
+        self._state = state
+        self._allocator = Allocator(state.resource, services)
+        self._tracer = services.tracer
+        self._metrics = services.metrics
+        self._rescan_wanted = services.rescan_wanted
+        self._on_kubelet_stream_lost = on_kubelet_stream_lost
+        self.open_streams = 0
+        # The kubelet opens its ListAndWatch stream right after a registration: the first
+        # stream opened after Register was sent is the kubelet's. Other clients' streams
+        # (debugging, monitoring) get the same updates but never trigger re-registration.
+        self._expecting_kubelet_stream = False
+        self._kubelet_stream: object | None = None
+
+    def expect_kubelet_stream(self, expected: bool) -> None:
+        """Register was sent (True), or failed (False)."""
+        self._expecting_kubelet_stream = expected
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.DevicePluginOptions:
+        return plugin_options()
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        sent = -1
+        self.open_streams += 1
+        self._metrics.stream_opened(self.resource)
+        token = object()
+        if self._expecting_kubelet_stream:
+            self._expecting_kubelet_stream = False
+            self._kubelet_stream = token
+        try:
+            while not self._state.closed:
+                news = await self._state.wait_for_view(sent)
+                if news is None:
+                    return
+                sent, view = news
+                yield _list_response(view)
+                log.debug(
+                    "Sent updated device list to kubelet",
+                    resourceName=self.resource, deviceCount=len(view),
+                )  # fmt: skip
+        finally:
+            self.open_streams -= 1
+            self._metrics.stream_closed(self.resource)
+            if not self._state.closed and self._kubelet_stream is token:
+                # The kubelet never reopens a stream on its own: the manager decides whether
+                # this is a kubelet restart or a stream lost alone, and registers again.
+                self._kubelet_stream = None
+                self._on_kubelet_stream_lost()
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> api_pb2.PreferredAllocationResponse:
+        response = api_pb2.PreferredAllocationResponse()
+        for container in request.container_requests:
+            ids = await preferred.choose(self.resource, self._state.table, container, self._metrics)
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        started = time.monotonic()
+        requested = [list(c.devices_ids) for c in request.container_requests]
+        try:
+            with self._tracer.start_as_current_span(
+                "Allocate", attributes={"rbln.resource_name": self.resource}
+            ):
+                # Every container request gets its allocateContainer child, even when the
+                # request is rejected before any container's turn.
+                try:
+                    snapshot = await self._state.allocation_snapshot(requested)
+                except Exception as exc:
+                    known = self._state.devices()
+                    self._allocator.unworked_spans(
+                        requested, known, exc, f"request rejected: {exc}"
+                    )
+                    raise
+                prepared = await self._allocator.prepare(requested, snapshot)
+                if prepared.rescan_wanted:
+                    self._rescan_wanted.set()
+                if prepared.error is not None:
+                    raise prepared.error  # inside the span: it records the failure
+                self._metrics.allocation(self.resource, m.OK, time.monotonic() - started)
+                return prepared.response
+        except Exception as exc:
+            await self._allocator.refuse(context, requested, exc, started)
+
+    async def PreStartContainer(
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+
+def _list_response(view: Sequence[KubeletDevice]) -> api_pb2.ListAndWatchResponse:
+    response = api_pb2.ListAndWatchResponse()
+    for device_id, health, numa in view:
+        device = response.devices.add(ID=device_id, health=health)
+        if numa is not None:
+            device.topology.nodes.add(ID=numa)
+    return response

@@ -1,0 +1,26 @@
+"""What every resource plugin of one daemon shares: settings, host I/O, telemetry, the
+in-process RSD queue and the scan loop's wake-up."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
+from rbln_device_plugin.telemetry.tracing import Tracer
+
+
+@dataclass(frozen=True, slots=True)
+class SharedServices:
+    config: Config
+    tracer: Tracer
+    hostio: HostIO = field(default_factory=HostIO)
+    metrics: Metrics = NOOP
+    # Serialises this daemon's RSD group changes (every resource plugin), in arrival
+    # order, in front of the node-wide RSD file lock.
+    rsd_queue: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Set when something a plugin saw makes a scan due now (Allocate found the device
+    # mapping changed); the scan loop waits on it and keeps its schedule.
+    rescan_wanted: asyncio.Event = field(default_factory=asyncio.Event)
