@@ -365,3 +365,10 @@ def test_the_readme_is_short_and_has_a_table_of_contents() -> None:
 def test_no_development_history_in_user_documentation(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert not re.findall(r"\bissues? #?\d+|\(issue\b|\bbefore -> |\b\d[\d.,]* -> \d", text)
+
+
+def test_every_test_module_the_testing_page_names_exists() -> None:
+    named = set(re.findall(r"`(test_[\w*]+\.py)`", page("testing.md")))
+    assert len(named) >= 20
+    missing = [n for n in sorted(named) if not list((REPO / "tests").glob(n))]
+    assert not missing, f"docs/testing.md names test modules that do not exist: {missing}"
