@@ -228,7 +228,7 @@ async def test_http_answers_only_metrics() -> None:
         status, _, body = await http_get(port, "/metrics?x=1")
         assert status == 200 and "rbln_device_plugin_build_info" in body
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /metrics HTTP/1.1\r\n\r\n")
+        writer.write(b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (await reader.read()).startswith(b"HTTP/1.1 405")
         writer.close()
 
