@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from .prometheus_server import RULES, RULES_TEST, promtool
-from .test_deploy_chart import CHART, Helm, objects, refused_by_chart
+from .test_deploy_chart import CHART, Helm, _yamllint, objects, refused_by_chart
 
 # Fixtures shared with the main chart suite.
 from .test_deploy_chart import helm as helm
@@ -110,3 +110,8 @@ def test_a_for_override_prometheus_would_refuse_is_refused_at_install(
         *ON, "--set-string", f"devicePlugin.metrics.prometheusRule.forOverride={value}"
     )
     assert refused_by_chart(done), done.stderr
+
+
+def test_the_rules_files_pass_yamllint() -> None:
+    done = _yamllint([RULES, CHART_RULES])
+    assert done.returncode == 0, done.stdout + done.stderr
