@@ -10,6 +10,8 @@ import shutil
 import socket
 from pathlib import Path
 
+import pytest
+
 from rbln_device_plugin.runtime.instancelock import LOCK_DIR, LOCK_NAME
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin_sim.layout import preset
@@ -56,6 +58,7 @@ async def test_a_waiting_instance_serves_metrics_and_says_what_it_waits_for() ->
     assert code == 0
 
 
+@pytest.mark.slow  # waits out a 5 s retry
 async def test_a_taken_port_is_one_record_and_a_retry_never_an_exit() -> None:
     holder = socket.socket(socket.AF_INET6)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
