@@ -8,10 +8,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from .prometheus_server import RULES, RULES_TEST, promtool
+from .prometheusrule_schema import PROMETHEUS_RULE_SCHEMA
 from .test_deploy_chart import CHART, Helm, _yamllint, objects, refused_by_chart
 
 # Fixtures shared with the main chart suite.
@@ -84,7 +86,7 @@ def test_the_prometheusrule_holds_the_rules_file_with_its_labels(
         *ON, "--set", "devicePlugin.metrics.prometheusRule.labels.release=prom"
     )
     (rule,) = [o for o in objects(manifest) if o["kind"] == "PrometheusRule"]
-    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    jsonschema.validate(rule, PROMETHEUS_RULE_SCHEMA)
     assert rule["metadata"]["labels"]["release"] == "prom"
     assert rule["spec"] == yaml.safe_load(RULES.read_text())
     rendered = tmp_path / "rendered.yaml"
@@ -96,6 +98,7 @@ def test_the_prometheusrule_holds_the_rules_file_with_its_labels(
 def test_for_override_shortens_every_window_and_nothing_else(helm: Helm) -> None:
     manifest = helm.template(*ON, "--set", "devicePlugin.metrics.prometheusRule.forOverride=0s")
     (rule,) = [o for o in objects(manifest) if o["kind"] == "PrometheusRule"]
+    jsonschema.validate(rule, PROMETHEUS_RULE_SCHEMA)
     expected = yaml.safe_load(RULES.read_text())
     for alert in alerts(expected):
         alert["for"] = "0s"
