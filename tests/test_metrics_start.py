@@ -129,3 +129,21 @@ def _version() -> str:
     from rbln_device_plugin import __version__
 
     return __version__
+
+
+async def test_a_waiting_instance_stops_on_a_signal_with_its_endpoint() -> None:
+    root = short_tempdir()
+    node = materialize(preset("rebel-4"), root)
+    shutil.rmtree(node.kubelet_dir)
+    daemon = DaemonProcess([*node.daemon_args("300ms"), *ON], level="info")
+    try:
+        port = await metrics_port(daemon)
+        assert state(await scrape(port)) == m.STATE_WAITING_FOR_KUBELET_DIR
+        code = await asyncio.to_thread(daemon.stop, timeout=10)
+    finally:
+        daemon.kill()
+        shutil.rmtree(root, ignore_errors=True)
+    assert code == 0
+    (done,) = daemon.find("Shutdown complete")
+    assert done["signal"] == "SIGTERM"
+    assert not [r for r in daemon.records if r.get("level") in ("error", "fatal")]
