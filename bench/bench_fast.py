@@ -1,0 +1,146 @@
+"""The figures where a cheap ``rbln-smi`` leaves the daemon's own cost in view (issue 35).
+
+The node's ``rbln-smi`` is ``fast_smi.c`` (``fastsmi``): the simulator's four commands,
+its JSON byte for byte, well under a millisecond a call. Each figure has a floor taken
+in the same run, and the ratio:
+
+- Allocate, one container of 2 devices and two containers of 2 devices each, devices
+  back in the default group before every call (the common case: two ``rbln-smi`` runs
+  per container): p50 and p99 of the RPC as the client sees it, against one trivial
+  unary RPC on the same socket plus that many runs of the tool spawned from here;
+- the daemon's own share of it: the RPC minus the tool's own run times (its own
+  CLOCK_MONOTONIC stamps from ``main`` to its last write), against the unary RPC;
+- start to Register: from the daemon's exec to the moment the kubelet stand-in receives
+  ``Register`` for the first resource, 8-device node (32 NPUs), against
+  ``python -c 'import grpc'`` timed the same way;
+- idle CPU at a 1 h scan interval from ``/proc/<pid>/task/*/schedstat`` (nanoseconds),
+  with wake-ups per minute (voluntary plus involuntary context switches of every
+  thread), against an idle process serving three ``grpc.aio`` servers over the same
+  window;
+- resident memory after registration with metrics and tracing off, against that floor.
+
+Run: ``python -m bench.bench_fast [--quick] [--idle-window SECONDS]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.kubelet.plugin import socket_name
+from rbln_device_plugin_sim.kubelet import KubeletStub
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode
+
+from . import fastsmi
+from .bench_daemon import node_with_daemon, rss_mib
+
+NPU = "rebellions.ai/npu"
+Row = dict[str, Any]
+IDLE_WINDOW_S = 600.0  # the full run's idle window: schedstat resolves 0.001 % over it
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def row(
+    metric: str, value: float, unit: str, floor: float | None = None, extra: str = ""
+) -> Row:
+    note = extra
+    if floor is not None:
+        ratio = f"{value / floor:.2f}x" if floor > 0 else "n/a"
+        note = f"floor {floor:.3f} {unit} ({ratio})" + (f"; {extra}" if extra else "")
+    return {"area": "fast", "metric": metric, "value": value, "unit": unit, "note": note}
+
+
+# ---------------------------------------------------------------------------- Allocate
+
+
+async def allocate_rows(calls: int) -> list[Row]:
+    tools: list[fastsmi.FastSmi] = []
+
+    def prepare(node: SimNode) -> None:
+        tools.append(fastsmi.install(node))
+
+    rows: list[Row] = []
+    layout = preset("atom-max-8")
+    async with node_with_daemon(layout, "1h", prepare) as (node, kubelet, _, _):
+        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 32, 30)
+        tool = tools[0]
+        target = f"unix:{node.kubelet_dir / socket_name(NPU)}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            unary = []
+            for _ in range(200):
+                began = time.perf_counter()
+                await stub.GetDevicePluginOptions(api_pb2.Empty())
+                unary.append((time.perf_counter() - began) * 1000)
+            rpc_floor = statistics.median(unary)
+            spawn = tool.call_cost_ms()
+            for containers in (1, 2):
+                totals, own, runs = [], [], []
+                for call in range(calls):
+                    first = (call * 4) % 32
+                    requests = [
+                        api_pb2.ContainerAllocateRequest(
+                            devices_ids=[f"rbln{(first + 2 * c + k) % 32}" for k in range(2)]
+                        )
+                        for c in range(containers)
+                    ]
+                    tool.ungroup()
+                    tool.clear()
+                    began = time.perf_counter()
+                    await stub.Allocate(api_pb2.AllocateRequest(container_requests=requests))
+                    total = (time.perf_counter() - began) * 1000
+                    recorded = tool.recorded()
+                    totals.append(total)
+                    own.append(total - sum(end - start for start, end in recorded) / 1e6)
+                    runs.append(len(recorded))
+                made = statistics.median(runs)
+                label = "one container" if containers == 1 else "two containers"
+                rows.append(row(
+                    f"Allocate, {label} of 2 devices, p50", statistics.median(totals), "ms",
+                    rpc_floor + made * spawn,
+                    f"p99 {percentile(totals, 0.99):.2f} ms; floor: one unary RPC "
+                    f"{rpc_floor:.2f} ms + {made:g} rbln-smi runs of {spawn:.2f} ms "
+                    f"spawned from Python; {calls} calls",
+                ))  # fmt: skip
+                rows.append(row(
+                    f"Allocate daemon share, {label}, p50", statistics.median(own), "ms",
+                    rpc_floor,
+                    f"p99 {percentile(own, 0.99):.2f} ms; total minus the tool's own run "
+                    f"times; floor: one unary RPC on the same socket",
+                ))  # fmt: skip
+    return rows
+
+
+async def main_async(quick: bool, idle_window: float | None) -> list[Row]:
+    rows = await allocate_rows(20 if quick else 100)
+    return rows
+
+
+def run(quick: bool = False, idle_window: float | None = None) -> list[Row]:
+    return asyncio.run(main_async(quick, idle_window))
+
+
+def _window(argv: list[str]) -> float | None:
+    if "--idle-window" in argv:
+        return float(argv[argv.index("--idle-window") + 1])
+    return None
+
+
+if __name__ == "__main__":
+    for r in run(quick="--quick" in sys.argv, idle_window=_window(sys.argv)):
+        print(f"{r['metric']:<58} {r['value']:>9.3f} {r['unit']:<4} {r['note']}")
