@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import preset
-from rbln_device_plugin_sim.node import SimNode
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 from . import fastsmi
 from .bench_daemon import node_with_daemon, rss_mib
@@ -55,9 +56,7 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def row(
-    metric: str, value: float, unit: str, floor: float | None = None, extra: str = ""
-) -> Row:
+def row(metric: str, value: float, unit: str, floor: float | None = None, extra: str = "") -> Row:
     note = extra
     if floor is not None:
         ratio = f"{value / floor:.2f}x" if floor > 0 else "n/a"
@@ -126,8 +125,139 @@ async def allocate_rows(calls: int) -> list[Row]:
     return rows
 
 
+# ---------------------------------------------------------------- start to Register
+
+
+class TimedKubelet(KubeletStub):
+    """The kubelet stand-in, noting when each Register call arrives."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.register_arrivals: list[float] = []
+
+    async def Register(self, request: Any, context: Any) -> Any:
+        self.register_arrivals.append(time.monotonic())
+        return await super().Register(request, context)
+
+
+def import_grpc_s() -> float:
+    """The floor: a bare ``python -c 'import grpc'``, exec to exit."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import grpc"], check=True)
+    return time.monotonic() - began
+
+
+async def start_rows(runs: int) -> list[Row]:
+    starts, floors = [], []
+    for _ in range(runs):
+        floors.append(import_grpc_s())
+        root = short_tempdir("rbln-bench-")
+        node = materialize(preset("atom-max-8"), root)
+        fastsmi.install(node)
+        kubelet = TimedKubelet(node.kubelet_dir)
+        await kubelet.start()
+        env = {**os.environ, "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "error"}
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args("1h")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        try:
+            await kubelet.wait_for(NPU, lambda v: v.messages > 0, 30)
+            starts.append(kubelet.register_arrivals[0] - started)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            await kubelet.stop()
+            shutil.rmtree(root, ignore_errors=True)
+    floor = statistics.median(floors)
+    return [
+        row("start to Register, 8 cards (32 devices)", statistics.median(starts), "s", floor,
+            f"median of {runs}, min {min(starts):.3f} s; floor: python -c 'import grpc'"),
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------- idle and memory
+
+_FLOOR_SERVERS = textwrap.dedent(
+    """
+    import asyncio, sys
+    import grpc
+    from grpc_health.v1 import _async as health_aio, health_pb2_grpc
+
+    async def main():
+        servers = []
+        for address in ("[::]:0", "unix:" + sys.argv[1] + ".a", "unix:" + sys.argv[1] + ".b"):
+            server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
+            server.add_insecure_port(address)
+            await server.start()
+            servers.append(server)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+def task_counters(pid: int) -> tuple[int, int]:
+    """(CPU ns, context switches) summed over every live thread of ``pid``."""
+    cpu = switches = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                cpu += int(stat.read().split()[0])
+            with open(f"/proc/{pid}/task/{task}/status") as status:
+                for line in status:
+                    if line.endswith("ctxt_switches:", 0, line.find(":") + 1):
+                        switches += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return cpu, switches
+
+
+async def idle_rows(window: float) -> list[Row]:
+    rows: list[Row] = []
+    async with node_with_daemon(preset("atom-max-8"), "1h", fastsmi.install) as (
+        node, kubelet, proc, _,
+    ):  # fmt: skip
+        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 32, 30)
+        floor = subprocess.Popen(
+            [sys.executable, "-c", _FLOOR_SERVERS, str(node.root / "floor")],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert floor.stdout is not None
+            floor.stdout.readline()
+            await asyncio.sleep(2)  # past the start-up's own work
+            rows.append(row("resident memory idle, metrics and tracing off",
+                            rss_mib(proc.pid), "MiB", rss_mib(floor.pid),
+                            "floor: grpc.aio with three servers started"))  # fmt: skip
+            pids = (proc.pid, floor.pid)
+            before = [task_counters(pid) for pid in pids]
+            began = time.monotonic()
+            await asyncio.sleep(window)
+            elapsed = time.monotonic() - began
+            after = [task_counters(pid) for pid in pids]
+        finally:
+            floor.kill()
+            floor.wait(5)
+    (cpu, wake), (floor_cpu, floor_wake) = (
+        (100 * (a[0] - b[0]) / 1e9 / elapsed, (a[1] - b[1]) * 60 / elapsed)
+        for a, b in zip(after, before, strict=True)
+    )
+    rows.append(row(f"idle CPU, 1 h scan interval, {window:g} s window", cpu, "%",
+                    floor_cpu, "schedstat, every thread; floor: the idle process"))  # fmt: skip
+    rows.append(row("idle wake-ups per minute, 1 h scan interval", wake, "/min", floor_wake,
+                    "context switches of every thread"))  # fmt: skip
+    return rows
+
+
 async def main_async(quick: bool, idle_window: float | None) -> list[Row]:
     rows = await allocate_rows(20 if quick else 100)
+    rows += await start_rows(3 if quick else 5)
+    rows += await idle_rows(idle_window or (15 if quick else IDLE_WINDOW_S))
     return rows
 
 
