@@ -98,8 +98,11 @@ class _Child:
 
     # ------------------------------------------------------------ loop callbacks
     def _wake(self) -> None:
-        if not self._changed.done():
-            self._changed.set_result(None)
+        # Only for what the waiter acts on (both pipes closed and the exit seen, or too
+        # much output): each wake costs the waiting task a turn of the loop.
+        if self._changed.done() or not (self._finished() or self._overflow):
+            return
+        self._changed.set_result(None)
 
     def _readable(self, fd: int) -> None:
         try:
@@ -119,8 +122,8 @@ class _Child:
             return
         self._sizes[fd] += len(chunk)
         if self._sizes[fd] > self._cap:
-            self._overflow = True
             self._discard = True
+            self._overflow = True
             self._wake()
             return
         self._chunks[fd].append(chunk)

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -29,7 +30,7 @@ import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2
 from rbln_device_plugin.host import devnodes, rsd, smi
-from rbln_device_plugin.host.hostio import Stalled
+from rbln_device_plugin.host.hostio import Call, Stalled
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.inventory import Device
@@ -250,10 +251,7 @@ class Allocator:
             try:
                 dev_root = self._config.dev_root
                 node_paths = [dev_root / d.name for d in devices]
-                await devnodes.wait_for_nodes(
-                    node_paths, self._hostio, accept_files=self._config.test_file_device_nodes
-                )
-                binary = await self._locate_rbln_smi()
+                binary = await self._nodes_and_rbln_smi(node_paths)
                 group = await self._recreate_group(binary, devices)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except rsd.DeviceMappingChanged as exc:
@@ -292,16 +290,26 @@ class Allocator:
         )  # fmt: skip
         return response
 
-    async def _locate_rbln_smi(self) -> Path:
+    async def _nodes_and_rbln_smi(self, node_paths: Sequence[Path]) -> Path:
+        """Wait for the device nodes, then find rbln-smi.
+
+        Both are host accesses: their first round shares one thread hop. Only when a node
+        is not there yet (or is something else) does the usual polling wait follow.
+        """
+        accept_files = self._config.test_file_device_nodes
+        checks: list[Call[object]] = [
+            Call(str(p), partial(devnodes.node_kind, p, accept_files)) for p in node_paths
+        ]
+        checks.append(Call(_SMI_LOOKUP, partial(_lookup, self._config.rbln_smi)))
+        *kinds, found = await self._hostio.map(checks)
+        if any(kind is not None for kind in kinds):
+            await devnodes.wait_for_nodes(node_paths, self._hostio, accept_files=accept_files)
         # Not finding rbln-smi is a discovery error to the scan; here it fails the group.
-        try:
-            found = await self._hostio.call(
-                "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
-            )
-        except smi.SmiNotFound as exc:
-            raise rsd.RsdError(str(exc)) from exc
+        if isinstance(found, smi.SmiNotFound):
+            raise rsd.RsdError(str(found)) from found
         if isinstance(found, Stalled):
             raise rsd.RsdError(f"looking for rbln-smi: {found}")
+        assert isinstance(found, Path)
         return found
 
     async def _recreate_group(self, binary: Path, devices: Sequence[Device]) -> rsd.RsdGroup:
@@ -335,6 +343,16 @@ class Allocator:
             )
         finally:
             self._rsd_queue.release()
+
+
+_SMI_LOOKUP: Final = "rbln-smi lookup"
+
+
+def _lookup(configured: Path | None) -> Path | smi.SmiNotFound:
+    try:
+        return smi.locate_rbln_smi(configured)
+    except smi.SmiNotFound as exc:
+        return exc
 
 
 def _ms(started: float) -> float:
