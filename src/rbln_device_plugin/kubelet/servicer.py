@@ -7,9 +7,10 @@ containers, then this servicer acts on the outcome (a wanted rescan, the answer)
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -23,6 +24,18 @@ from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def _both(main: Awaitable[A], beside: Awaitable[B]) -> tuple[A, B]:
+    """Both results; ``main``'s failure wins, and ``beside`` is always awaited to its end."""
+    results = await asyncio.gather(main, beside, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results[0], results[1]  # type: ignore[return-value]
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -114,14 +127,19 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 # Every container request gets its allocateContainer child, even when the
                 # request is rejected before any container's turn.
                 try:
-                    snapshot = await self._state.allocation_snapshot(requested)
+                    # The containers' first host checks (device nodes, the rbln-smi
+                    # lookup) run beside the final status reads: two thread hops at once.
+                    snapshot, first = await _both(
+                        self._state.allocation_snapshot(requested),
+                        self._allocator.first_look(requested, self._state.devices()),
+                    )
                 except Exception as exc:
                     known = self._state.devices()
                     self._allocator.unworked_spans(
                         requested, known, exc, f"request rejected: {exc}"
                     )
                     raise
-                prepared = await self._allocator.prepare(requested, snapshot)
+                prepared = await self._allocator.prepare(requested, snapshot, first)
                 if prepared.rescan_wanted:
                     self._rescan_wanted.set()
                 if prepared.error is not None:
