@@ -19,7 +19,8 @@ in the same run, and the ratio:
   window;
 - resident memory after registration with metrics and tracing off, against that floor.
 
-Run: ``python -m bench.bench_fast [--quick] [--idle-window SECONDS]``.
+Run: ``python -m bench.bench_fast [--quick] [--idle-window SECONDS]
+[--only allocate,start,idle]``.
 """
 
 from __future__ import annotations
@@ -256,15 +257,25 @@ async def idle_rows(window: float) -> list[Row]:
     return rows
 
 
-async def main_async(quick: bool, idle_window: float | None) -> list[Row]:
-    rows = await allocate_rows(20 if quick else 100)
-    rows += await start_rows(3 if quick else 5)
-    rows += await idle_rows(idle_window or (15 if quick else IDLE_WINDOW_S))
+async def main_async(
+    quick: bool, idle_window: float | None, parts: tuple[str, ...] = ("allocate", "start", "idle")
+) -> list[Row]:
+    rows: list[Row] = []
+    if "allocate" in parts:
+        rows += await allocate_rows(20 if quick else 100)
+    if "start" in parts:
+        rows += await start_rows(3 if quick else 5)
+    if "idle" in parts:
+        rows += await idle_rows(idle_window or (15 if quick else IDLE_WINDOW_S))
     return rows
 
 
-def run(quick: bool = False, idle_window: float | None = None) -> list[Row]:
-    return asyncio.run(main_async(quick, idle_window))
+def run(
+    quick: bool = False,
+    idle_window: float | None = None,
+    parts: tuple[str, ...] = ("allocate", "start", "idle"),
+) -> list[Row]:
+    return asyncio.run(main_async(quick, idle_window, parts))
 
 
 def _window(argv: list[str]) -> float | None:
@@ -274,5 +285,7 @@ def _window(argv: list[str]) -> float | None:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv, idle_window=_window(sys.argv)):
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    chosen = tuple(only) if only else ("allocate", "start", "idle")
+    for r in run(quick="--quick" in sys.argv, idle_window=_window(sys.argv), parts=chosen):
         print(f"{r['metric']:<58} {r['value']:>9.3f} {r['unit']:<4} {r['note']}")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import ModuleType
 from typing import Any, TypeVar
 
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.kubelet import preferred
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.devicestate import DeviceState
 from rbln_device_plugin.kubelet.services import SharedServices
@@ -36,6 +36,21 @@ async def _both(main: Awaitable[A], beside: Awaitable[B]) -> tuple[A, B]:
         if isinstance(result, BaseException):
             raise result
     return results[0], results[1]  # type: ignore[return-value]
+
+
+def _preferred() -> ModuleType:
+    """The preferred-allocation search (the topology package), imported on first use.
+
+    Nothing before Register needs it; ``load_deferred`` imports it right after.
+    """
+    from rbln_device_plugin.kubelet import preferred
+
+    return preferred
+
+
+def load_deferred() -> None:
+    """Import what only the kubelet's requests need (after Register: the start is shorter)."""
+    _preferred()
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -111,7 +126,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for container in request.container_requests:
-            ids = await preferred.choose(self.resource, self._state.table, container, self._metrics)
+            ids = await _preferred().choose(
+                self.resource, self._state.table, container, self._metrics
+            )
             response.container_responses.add(deviceIDs=ids)
         return response
 
