@@ -17,6 +17,7 @@ from typing import Any
 from . import (
     bench_daemon,
     bench_fast,
+    bench_http,
     bench_lean,
     bench_load,
     bench_metrics,
@@ -75,6 +76,7 @@ def main(argv: list[str]) -> int:
         ("lean", bench_lean.run),
         ("fast rbln-smi", lambda quick: bench_fast.run(quick, idle_window)),
         ("metrics", bench_metrics.run),
+        ("metrics HTTP layer", bench_http.run),
         ("load", bench_load.run),
     ]
     rows: list[Row] = []
