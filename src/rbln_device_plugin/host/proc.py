@@ -165,9 +165,8 @@ class _Child:
                 raise _OutputTooLarge
         assert self._returncode is not None
         self.close()
-        return b"".join(self._chunks[self._stdout]), b"".join(self._chunks[self._stderr]), (
-            self._returncode
-        )
+        stdout, stderr = (b"".join(self._chunks[fd]) for fd in (self._stdout, self._stderr))
+        return stdout, stderr, self._returncode
 
     async def kill_and_reap(self, tool: str) -> None:
         # The tool runs in its own session, so the whole group goes, including helpers
