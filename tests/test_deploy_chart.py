@@ -1018,6 +1018,8 @@ PASSED_THROUGH = {
     "devicePlugin/containers/plugin/securityContext": "io.k8s.api.core.v1.SecurityContext",
     "devicePlugin/containers/plugin/resources": "io.k8s.api.core.v1.ResourceRequirements",
     "devicePlugin/containers/plugin/extraEnv/[]": "io.k8s.api.core.v1.EnvVar",
+    "devicePlugin/containers/plugin/extraVolumeMounts/[]": "io.k8s.api.core.v1.VolumeMount",
+    "devicePlugin/extraVolumes/[]": "io.k8s.api.core.v1.Volume",
     "devicePlugin/tolerations/[]": "io.k8s.api.core.v1.Toleration",
     "devicePlugin/affinity": "io.k8s.api.core.v1.Affinity",
     "devicePlugin/updateStrategy": "io.k8s.api.apps.v1.DaemonSetUpdateStrategy",

@@ -1,0 +1,66 @@
+"""pytest glue: build the real node's artifacts before any test runs, one cluster per session.
+
+``tests/conftest.py`` calls ``prepare_session`` from ``pytest_collection_finish`` (so a
+cold build, many minutes, counts against no test's timeout) and re-exports the
+``realnode`` fixture: any test module marked ``realnode`` gets the running ``Cluster``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from . import artifacts, cluster, layouts
+
+
+@dataclass(frozen=True)
+class Prepared:
+    arts: artifacts.Artifacts | None = None
+    skip: str = ""
+    error: str = ""
+
+
+PREPARED = pytest.StashKey[Prepared]()
+
+
+def prepare_session(session: pytest.Session, say: Callable[[str], None]) -> None:
+    if not any(item.get_closest_marker("realnode") for item in session.items):
+        return
+    reason = cluster.unavailable()
+    if reason:
+        say(f"real node: skipped: {reason}")
+        session.config.stash[PREPARED] = Prepared(skip=reason)
+        return
+    say(f"real node: looking for cached builds in {artifacts.cache_root()}")
+    try:
+        arts = cluster.prepare(say)
+    except Exception as exc:  # reported by every realnode test instead of one crash
+        say("real node: BUILD FAILED (its tests will fail)")
+        session.config.stash[PREPARED] = Prepared(error=f"{type(exc).__name__}: {exc}")
+        return
+    built = ", ".join(arts.built) or "nothing (all cached)"
+    say(f"real node: built {built}")
+    session.config.stash[PREPARED] = Prepared(arts=arts)
+
+
+@pytest.fixture(scope="session")
+def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
+    """A running one-node cluster (simulated node ``layouts.mixed``), shared by the session.
+
+    Tests leave it as they found it: what they install, they uninstall.
+    """
+    prepared = request.config.stash.get(PREPARED, Prepared(skip="not prepared"))
+    if prepared.skip:
+        pytest.skip(f"real node: {prepared.skip}")
+    if prepared.error or prepared.arts is None:
+        pytest.fail(f"real node artifacts: {prepared.error}")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(text: str) -> None:
+        if reporter is not None:
+            reporter.write_line(text)
+
+    with cluster.running_cluster(layouts.mixed(), say, prepared.arts) as running:
+        yield running
