@@ -327,6 +327,7 @@ class Sampler:
         self.serving: list[tuple[float, int]] = []
         self.allocatable: list[tuple[float, int]] = []
         self.stop = threading.Event()
+        self.watch: Any = None
         self.threads = [
             threading.Thread(target=self._serving, daemon=True),
             threading.Thread(target=self._allocatable, daemon=True),
@@ -339,15 +340,20 @@ class Sampler:
             self.serving.append((time.monotonic(), len(self.cluster.serving_plugins())))
 
     def _allocatable(self) -> None:
-        while not self.stop.is_set():
-            try:
-                value = self.cluster.allocatable().get(NPU, 0)
-            except Exception:  # an API hiccup is no sample
-                continue
-            self.allocatable.append((time.monotonic(), value))
+        # A watch sees every node update the API server stores, however brief.
+        watch = self.cluster.kubectl_stream(
+            "get", "node", NODE_NAME, "--watch",
+            "-o", "jsonpath={.status.allocatable.rebellions\\.ai/npu}{\"\\n\"}",
+        )  # fmt: skip
+        self.watch = watch
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            self.allocatable.append((time.monotonic(), int(line.strip() or 0)))
 
     def finish(self) -> None:
         self.stop.set()
+        if self.watch is not None:
+            self.watch.kill()
         for thread in self.threads:
             thread.join(30)
 
@@ -358,6 +364,8 @@ class Sampler:
                 since = at
             elif value and since is not None:
                 longest, since = max(longest, at - since), None
+        if since is not None:  # still 0 when sampling ended
+            longest = max(longest, time.monotonic() - since)
         return longest
 
 

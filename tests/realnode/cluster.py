@@ -611,6 +611,12 @@ class Cluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed:\n{done.stderr[-3000:]}")
         return done.stdout.strip()
 
+    def kubectl_stream(self, *args: str) -> subprocess.Popen[str]:
+        """A long-running kubectl (``--watch``) whose output the caller reads."""
+        argv = ["nsenter", "--target", str(self.node.init_pid), "--net", "--", str(KUBECTL),
+                "--kubeconfig", str(self.pki.kubeconfig), *args]  # fmt: skip
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json"))
 
