@@ -150,4 +150,8 @@ def build(target: GoTarget, root: Path, say: Say = print) -> tuple[Path, float, 
         partial.rename(final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+    # Older builds of the target (other pins, another Go) only take disk space.
+    for stale in root.glob(f"{target.name}-*"):
+        if stale != final and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     return final, time.monotonic() - started, False

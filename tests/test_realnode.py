@@ -39,6 +39,10 @@ REPORT = (
     'for f in /dev/rsd* /dev/rbln*; do [ -e "$f" ] && stat -c \'DEV %n %t %T\' "$f"; done; '
     "env | sed 's/^/ENV /'; echo REPORTED; exec sleep 1000000"
 )
+# What the plugin says when the kubelet's streams end: the kubelet exited (a restart), or
+# a stream was lost alone (README, Logging).
+KUBELET_GONE = "Kubelet is not serving; waiting for it to start again"
+STREAM_LOST = "ListAndWatch stream ended; registering again"
 # Debug: "Selected preferred allocation" says which set the plugin chose.
 PLUGIN_SETS = ("logging.level=debug", "devicePlugin.deviceScanInterval=1s")
 
@@ -287,6 +291,14 @@ def test_a_kubelet_restart_keeps_pods_and_the_plugin_registers_again(
     consumers.append(held)
     mark = len(plugin_records(plugin))
     plugin.kill("kubelet")
+    # As a service manager's restart goes: the old kubelet is gone (its kubelet.sock left
+    # behind) for a moment before the new one starts; the plugin reacts meanwhile.
+    wait_for(
+        "the plugin's reaction to the kubelet exiting",
+        lambda: [
+            r for r in plugin_records(plugin)[mark:] if r["msg"] in (KUBELET_GONE, STREAM_LOST)
+        ],
+    )
     plugin.start_kubelet()
     wait_for("Ready node after the restart", plugin.node_ready)
 
@@ -313,7 +325,10 @@ def test_a_kubelet_restart_keeps_pods_and_the_plugin_registers_again(
     )
     errors = [r for r in later if r.get("level") == "error"]
     assert not errors, errors
-    assert "ListAndWatch stream ended; registering again" not in messages
+    assert STREAM_LOST not in messages
+    assert messages.index(KUBELET_GONE) < messages.index(
+        "Detected kubelet socket recreation; restarting device plugins"
+    )
 
 
 # ---------------------------------------------------------------- 6. helm upgrade

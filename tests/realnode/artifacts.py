@@ -388,7 +388,6 @@ def plugin_image(in_node: InNode, say: Say) -> tuple[Path, str, bool]:
             "bud",
             "--isolation",
             "chroot",
-            "--layers",
             "--pull=never",
             # The host's CA bundle for pip's downloads (a TLS-intercepting egress proxy
             # has its own CA); Debian's pip reads the system bundle. Not part of the image.
@@ -408,4 +407,9 @@ def plugin_image(in_node: InNode, say: Say) -> tuple[Path, str, bool]:
     partial = archive.with_name(f".{archive.name}.{os.getpid()}")
     in_node([*common, "push", name, f"oci-archive:{partial}:{name}"])
     partial.replace(archive)
+    # Keep the cache to the base and this archive: vfs storage copies every layer whole.
+    in_node([*common, "rmi", name])
+    for stale in archive.parent.glob("plugin-*.tar"):
+        if stale != archive:
+            stale.unlink()
     return archive, name, True

@@ -764,6 +764,35 @@ class Cluster:
                 serving.append(int(entry.name))
         return sorted(serving)
 
+    def memory(self) -> dict[str, float]:
+        """Resident MiB of every process in the node (PID 1's descendants), by name."""
+        procs: dict[int, tuple[int, str, int]] = {}  # pid -> (ppid, name, rss KiB)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = dict(
+                    line.split(":", 1) for line in (entry / "status").read_text().splitlines()
+                )
+            except (OSError, ValueError):
+                continue
+            rss = int(fields.get("VmRSS", "0 kB").split()[0])
+            procs[int(entry.name)] = (int(fields["PPid"]), fields["Name"].strip(), rss)
+
+        def in_node(pid: int) -> bool:
+            seen = 0
+            while pid > 1 and seen < 64:
+                if pid == self.node.init_pid:
+                    return True
+                pid, seen = procs.get(pid, (0, "", 0))[0], seen + 1
+            return False
+
+        by_name: dict[str, float] = {}
+        for pid, (ppid, name, rss) in procs.items():
+            if pid != self.node.init_pid and in_node(ppid):
+                by_name[name] = by_name.get(name, 0.0) + rss / 1024
+        return dict(sorted(by_name.items(), key=lambda kv: -kv[1]))
+
     def containerd_log(self) -> str:
         return (self.state / "logs" / "containerd.log").read_text(errors="replace")
 

@@ -7,8 +7,10 @@ cold build, many minutes, counts against no test's timeout) and re-exports the
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +47,11 @@ def prepare_session(session: pytest.Session, say: Callable[[str], None]) -> None
     session.config.stash[PREPARED] = Prepared(arts=arts)
 
 
+def _du(path: Path) -> int:
+    done = subprocess.run(["du", "-sxm", str(path)], capture_output=True, text=True, check=False)
+    return int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout else -1
+
+
 @pytest.fixture(scope="session")
 def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
     """A running one-node cluster (simulated node ``layouts.mixed``), shared by the session.
@@ -64,3 +71,8 @@ def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
 
     with cluster.running_cluster(layouts.mixed(), say, prepared.arts) as running:
         yield running
+        memory = running.memory()
+        top = ", ".join(f"{name} {mib:.0f}" for name, mib in list(memory.items())[:9])
+        say(f"real node: resident memory at the end {sum(memory.values()):.0f} MiB ({top})")
+        state, caches = _du(running.state), _du(artifacts.cache_root())
+        say(f"real node: state directory {state} MiB, caches {caches} MiB")
