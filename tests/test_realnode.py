@@ -230,6 +230,10 @@ def test_a_pod_with_two_npus_runs_with_the_preferred_devices(
     assert sorted(chosen[-1]["deviceIDs"]) == names
     completed = [r for r in later if r["msg"] == "Completed container allocation"]
     assert sorted(completed[-1]["deviceIDs"]) == names
+    # Each bus ID next to its own device, in whatever order the kubelet sent them.
+    bus = {d.name: d.bus_id for d in plugin.sim.layout.devices}
+    record = completed[-1]
+    assert record["busIDs"] == [bus[n] for n in record["deviceIDs"]], record
 
 
 # ---------------------------------------------------------------- 3. too many
