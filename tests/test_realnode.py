@@ -107,6 +107,9 @@ def install(cluster: Cluster, *sets: str) -> None:
 @pytest.fixture
 def plugin(realnode: Cluster) -> Cluster:
     """The chart installed and serving (installed once, kept for the next test)."""
+    if "kubelet" not in realnode.processes:  # a failed test left it stopped
+        realnode.start_kubelet()
+        wait_for("Ready node", realnode.node_ready)
     if not ready_plugin_pods(realnode) or realnode.allocatable() != EXPECTED:
         install(realnode)
     return realnode
@@ -294,16 +297,25 @@ def test_a_kubelet_restart_keeps_pods_and_the_plugin_registers_again(
     held = Consumer(plugin, "npu-held", {NPU: 1})
     consumers.append(held)
     mark = len(plugin_records(plugin))
+    # While the kubelet is down it serves no `kubectl logs`: the node's log files tell.
+    (pod,) = ready_plugin_pods(plugin)
+    name = pod["metadata"]["name"]
+    seen = len(records(plugin.container_log_files(NAMESPACE, name, "plugin")))
+    assert seen >= mark > 0
     plugin.kill("kubelet")
-    # As a service manager's restart goes: the old kubelet is gone (its kubelet.sock left
-    # behind) for a moment before the new one starts; the plugin reacts meanwhile.
-    wait_for(
-        "the plugin's reaction to the kubelet exiting",
-        lambda: [
-            r for r in plugin_records(plugin)[mark:] if r["msg"] in (KUBELET_GONE, STREAM_LOST)
-        ],
-    )
-    plugin.start_kubelet()
+    try:
+        # As a service manager's restart goes: the old kubelet is gone (its kubelet.sock
+        # left behind) for a moment before the new one starts; the plugin reacts meanwhile.
+        wait_for(
+            "the plugin's reaction to the kubelet exiting",
+            lambda: [
+                r
+                for r in records(plugin.container_log_files(NAMESPACE, name, "plugin"))[seen:]
+                if r["msg"] in (KUBELET_GONE, STREAM_LOST)
+            ],
+        )
+    finally:
+        plugin.start_kubelet()
     wait_for("Ready node after the restart", plugin.node_ready)
 
     def registered_again() -> list[dict[str, Any]]:

@@ -793,6 +793,18 @@ class Cluster:
                 by_name[name] = by_name.get(name, 0.0) + rss / 1024
         return dict(sorted(by_name.items(), key=lambda kv: -kv[1]))
 
+    def container_log_files(self, namespace: str, pod_prefix: str, container: str) -> str:
+        """The node's own log files of a container (what ``kubectl logs`` serves, readable
+        while the kubelet is down): CRI lines ``<time> <stream> <tag> <text>``, as text."""
+        pods = self.state / "overlay" / "var-log" / "upper" / "pods"
+        lines = []
+        for log in sorted(pods.glob(f"{namespace}_{pod_prefix}*/{container}/*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                parts = line.split(" ", 3)
+                if len(parts) == 4:
+                    lines.append(parts[3])
+        return "\n".join(lines)
+
     def containerd_log(self) -> str:
         return (self.state / "logs" / "containerd.log").read_text(errors="replace")
 
