@@ -15,12 +15,10 @@ and judges order and outcome, never a duration.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -426,7 +424,7 @@ def test_helm_upgrade_rolls_the_plugin_without_two_instances_or_touching_pods(
     assert max(count for _, count in sampler.serving) == 1, sampler.serving
     assert held.untouched()
     zero = sampler.longest_zero()
-    _report(f"helm upgrade: longest time allocatable {NPU} was 0: {zero:.1f} s "
+    plugin.say(f"helm upgrade: longest time allocatable {NPU} was 0: {zero:.1f} s "
             f"({len(sampler.allocatable)} samples)")  # fmt: skip
     install(plugin)  # back to the suite's settings
 
@@ -555,12 +553,3 @@ def test_the_operators_daemonset_registers_the_same_devices(realnode: Cluster) -
             "delete", "daemonset", "rbln-device-plugin", "-n", NAMESPACE, "--wait=true"
         )
         wait_for("allocatable 0", lambda: not any(realnode.allocatable().values()))
-
-
-def _report(line: str) -> None:
-    """A measurement for the closing note (printed, appended to $RBLN_REALNODE_REPORT)."""
-    print(line)
-    target = os.environ.get("RBLN_REALNODE_REPORT")
-    if target:
-        with Path(target).open("a") as out:
-            out.write(line + "\n")

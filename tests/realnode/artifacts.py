@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,7 +374,10 @@ def plugin_image(in_node: InNode, say: Say) -> tuple[Path, str, bool]:
     base_name = f"localhost/rbln-e2e/base:{base.name.removeprefix('base-')}"
     # It also names a pulled layout after its path, which must then be a valid reference
     # (no ".cache"): pull it through a plain-named link.
-    link_dir = Path(tempfile.mkdtemp(prefix="rbln-e2e-", dir="/tmp"))
+    # (mkdtemp's random part may hold "_" next to "-", which a reference refuses.)
+    link_dir = Path(f"/tmp/rbln-e2e-base-{os.getpid()}")
+    shutil.rmtree(link_dir, ignore_errors=True)
+    link_dir.mkdir(mode=0o700)
     try:
         (link_dir / "base").symlink_to(base)
         pulled = in_node([*common, "pull", "--quiet", f"oci:{link_dir}/base:{DEBIAN_SUITE}"])

@@ -7,6 +7,7 @@ cold build, many minutes, counts against no test's timeout) and re-exports the
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,9 +65,20 @@ def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
     if prepared.error or prepared.arts is None:
         pytest.fail(f"real node artifacts: {prepared.error}")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
 
     def say(text: str) -> None:
-        if reporter is not None:
+        """A line on the terminal now (capture is on during fixtures), and in the report."""
+        report = os.environ.get("RBLN_REALNODE_REPORT")
+        if report:
+            with Path(report).open("a") as out:
+                out.write(text + "\n")
+        if reporter is None:
+            return
+        if capture is None:
+            reporter.write_line(text)
+            return
+        with capture.global_and_fixture_disabled():
             reporter.write_line(text)
 
     with cluster.running_cluster(layouts.mixed(), say, prepared.arts) as running:
