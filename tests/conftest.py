@@ -15,9 +15,10 @@ import pytest
 import structlog
 
 from . import kubelet_peer
-from .realnode.fixtures import prepare_session, realnode
+from .realnode.fixtures import prepare_session, realnode, realnode_plugin
 
-__all__ = ["realnode"]  # the real-node cluster fixture (tests/realnode/fixtures.py)
+# The real-node cluster fixtures (tests/realnode/fixtures.py), for every test module.
+__all__ = ["realnode", "realnode_plugin"]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from . import artifacts, cluster, layouts
+from . import artifacts, cluster, layouts, workloads
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,15 @@ def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
         say(f"real node: resident memory at the end {sum(memory.values()):.0f} MiB ({top})")
         state, caches = _du(running.state), _du(artifacts.cache_root())
         say(f"real node: state directory {state} MiB, caches {caches} MiB")
+
+
+@pytest.fixture
+def realnode_plugin(realnode: cluster.Cluster) -> cluster.Cluster:
+    """The cluster with the chart installed and serving (``workloads.install``), the
+    kubelet running. Installed once and kept for the next test that asks."""
+    if "kubelet" not in realnode.processes:  # a failed test left it stopped
+        realnode.start_kubelet()
+        cluster.wait_for("Ready node", realnode.node_ready)
+    if not workloads.ready_plugin_pods(realnode) or realnode.allocatable() != layouts.EXPECTED:
+        workloads.install(realnode)
+    return realnode
