@@ -100,7 +100,10 @@ def test_helm_install_schedules_the_plugin_and_advertises_every_resource(
         "get", "events", "-n", NAMESPACE,
         "--field-selector", f"involvedObject.name={pod['metadata']['name']},reason=Scheduled",
     )  # fmt: skip
-    assert [e["source"].get("component") or e.get("reportingComponent") for e in events["items"]]
+    reporters = {
+        e.get("reportingComponent") or e["source"].get("component") for e in events["items"]
+    }
+    assert reporters == {"default-scheduler"}, events["items"]
     raw = realnode.kubectl("get", "nodes", "-o", "jsonpath={..allocatable}")
     allocatable = json.loads(raw)
     assert {k: int(v) for k, v in allocatable.items() if k.startswith("rebellions.ai/")} == EXPECTED
