@@ -53,6 +53,7 @@ def plugin(realnode_plugin: Cluster) -> Cluster:
 def consumers(plugin: Cluster) -> Iterator[list[Consumer]]:
     made: list[Consumer] = []
     yield made
+    plugin.note_memory()  # the test's pods are still running
     for pod in made:
         pod.delete()
 

@@ -285,6 +285,7 @@ class Cluster:
     cgroup_root: str = field(init=False)
     char_major: int = field(init=False)
     started_at: float = field(default_factory=time.monotonic)
+    peak_memory: dict[str, float] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ start
     def start(self, layout: Layout) -> None:
@@ -765,8 +766,10 @@ class Cluster:
         return sorted(serving)
 
     def memory(self) -> dict[str, float]:
-        """Resident MiB of every process in the node (PID 1's descendants), by name."""
-        procs: dict[int, tuple[int, str, int]] = {}  # pid -> (ppid, name, rss KiB)
+        """Resident MiB of every process in the node, by program name: those in its PID
+        namespace and those below them (containers have namespaces of their own)."""
+        node_ns = os.readlink(f"/proc/{self.node.init_pid}/ns/pid")
+        procs: dict[int, tuple[int, str, int, bool]] = {}  # pid -> ppid, name, KiB, in ns
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -774,24 +777,33 @@ class Cluster:
                 fields = dict(
                     line.split(":", 1) for line in (entry / "status").read_text().splitlines()
                 )
+                in_ns = os.readlink(entry / "ns" / "pid") == node_ns
             except (OSError, ValueError):
                 continue
             rss = int(fields.get("VmRSS", "0 kB").split()[0])
-            procs[int(entry.name)] = (int(fields["PPid"]), fields["Name"].strip(), rss)
+            procs[int(entry.name)] = (int(fields["PPid"]), fields["Name"].strip(), rss, in_ns)
 
         def in_node(pid: int) -> bool:
-            seen = 0
-            while pid > 1 and seen < 64:
-                if pid == self.node.init_pid:
+            for _ in range(64):  # a bounded walk up the parents
+                found = procs.get(pid)
+                if found is None or pid <= 1:
+                    return False
+                if found[3]:
                     return True
-                pid, seen = procs.get(pid, (0, "", 0))[0], seen + 1
+                pid = found[0]
             return False
 
         by_name: dict[str, float] = {}
-        for pid, (ppid, name, rss) in procs.items():
-            if pid != self.node.init_pid and in_node(ppid):
+        for pid, (_, name, rss, _) in procs.items():
+            if pid != self.node.init_pid and in_node(pid):
                 by_name[name] = by_name.get(name, 0.0) + rss / 1024
         return dict(sorted(by_name.items(), key=lambda kv: -kv[1]))
+
+    def note_memory(self) -> None:
+        """Keep the largest memory() seen (``peak_memory``), for the closing report."""
+        now = self.memory()
+        if sum(now.values()) > sum(self.peak_memory.values()):
+            self.peak_memory = now
 
     def container_log_files(self, namespace: str, pod_prefix: str, container: str) -> str:
         """The node's own log files of a container (what ``kubectl logs`` serves, readable

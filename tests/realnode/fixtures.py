@@ -84,15 +84,16 @@ def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
 
     with cluster.running_cluster(layouts.mixed(), say, prepared.arts) as running:
         yield running
-        memory = running.memory()
-        top = ", ".join(f"{name} {mib:.0f}" for name, mib in list(memory.items())[:9])
-        say(f"real node: resident memory at the end {sum(memory.values()):.0f} MiB ({top})")
+        running.note_memory()
+        memory = running.peak_memory
+        top = ", ".join(f"{name} {mib:.0f}" for name, mib in list(memory.items())[:10])
+        say(f"real node: peak resident memory {sum(memory.values()):.0f} MiB ({top})")
         state, caches = _du(running.state), _du(artifacts.cache_root())
         say(f"real node: state directory {state} MiB, caches {caches} MiB")
 
 
 @pytest.fixture
-def realnode_plugin(realnode: cluster.Cluster) -> cluster.Cluster:
+def realnode_plugin(realnode: cluster.Cluster) -> Iterator[cluster.Cluster]:
     """The cluster with the chart installed and serving (``workloads.install``), the
     kubelet running. Installed once and kept for the next test that asks."""
     if "kubelet" not in realnode.processes:  # a failed test left it stopped
@@ -100,4 +101,5 @@ def realnode_plugin(realnode: cluster.Cluster) -> cluster.Cluster:
         cluster.wait_for("Ready node", realnode.node_ready)
     if not workloads.ready_plugin_pods(realnode) or realnode.allocatable() != layouts.EXPECTED:
         workloads.install(realnode)
-    return realnode
+    yield realnode
+    realnode.note_memory()  # after the test: its pods still run
