@@ -34,6 +34,15 @@ from rbln_device_plugin_sim.layout import Layout
 from rbln_device_plugin_sim.node import SimNode, materialize
 
 from . import artifacts
+from .configs import (
+    BRIDGE,
+    CNI_CONFIG,
+    CONTAINERD_CONFIG,
+    NODE_IP,
+    TOOLKIT_SPEC,
+    TOOLKIT_SPEC_NAME,
+    kubelet_config,
+)
 
 HERE: Final = Path(__file__).parent
 REPO: Final = HERE.parent.parent
@@ -42,8 +51,6 @@ HELM: Final = TOOLS / "helm" / "helm"
 KUBECTL: Final = TOOLS / "kubectl" / "kubectl"
 CHART: Final = REPO / "deployments" / "helm" / "k8s-device-plugin-chart"
 NODE_NAME: Final = "realnode"
-NODE_IP: Final = "10.88.0.1"
-BRIDGE: Final = "rbln-br0"
 CGROUP_FS: Final = Path("/sys/fs/cgroup")
 # The image's own Python runs the simulated rbln-smi inside the plugin's container.
 IMAGE_PYTHON: Final = "/opt/rbln-device-plugin/bin/python"
@@ -52,14 +59,6 @@ SYSTEM_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 # wait ends on its outcome; these are generous on purpose (2 cores run the whole cluster).
 START_TIMEOUT_S: Final = 240.0
 WAIT_TIMEOUT_S: Final = 180.0
-# Stands in for the RBLN container toolkit's rbln.yaml: the device the plugin's CDI
-# annotation names (rebellions.ai/npu=runtime) with one env edit to see in the container.
-TOOLKIT_SPEC_NAME: Final = "rbln.yaml"
-TOOLKIT_SPEC: Final = {
-    "cdiVersion": "0.6.0",
-    "kind": "rebellions.ai/npu",
-    "devices": [{"name": "runtime", "containerEdits": {"env": ["RBLN_CDI_RUNTIME=stand-in"]}}],
-}
 # The simulated node's character devices: a major from the range Linux reserves for
 # local use that no driver on this machine registered (see /proc/devices).
 LOCAL_MAJORS: Final = range(240, 255)
@@ -912,96 +911,6 @@ def _rmdir(path: Path) -> bool:
     except OSError:
         return False
     return True
-
-
-def kubelet_config(cgroup_root: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        # cgroup v1 and no systemd on this machine; a cgroup root of the test's own.
-        "cgroupDriver": "cgroupfs",
-        "cgroupRoot": cgroup_root,
-        "failCgroupV1": False,
-        "failSwapOn": False,
-        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
-        # Node status follows the plugin quickly (allocatable, device health).
-        "nodeStatusUpdateFrequency": "1s",
-        "nodeStatusReportFrequency": "1s",
-        "address": NODE_IP,
-        "readOnlyPort": 0,
-        # The node's network is private to the test: the API server may call in.
-        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-        "authorization": {"mode": "AlwaysAllow"},
-        # A shared build machine's disk must not evict the test's pods.
-        "evictionHard": {
-            "memory.available": "50Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
-            "nodefs.inodesFree": "1%",
-        },
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
-        "resolvConf": "",
-        "serializeImagePulls": False,
-    }
-
-
-CONTAINERD_CONFIG: Final = """\
-version = 3
-root = "/var/lib/containerd"
-state = "/run/containerd"
-
-[grpc]
-  address = "/run/containerd/containerd.sock"
-
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{sandbox}"
-
-[plugins.'io.containerd.cri.v1.runtime']
-  # No AppArmor here; the machine's own oom_score_adj floor is kept.
-  disable_apparmor = true
-  restrict_oom_score_adj = true
-  enable_cdi = true
-  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
-  [plugins.'io.containerd.cri.v1.runtime'.containerd]
-    default_runtime_name = "runc"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-        BinaryName = "/usr/sbin/runc"
-        SystemdCgroup = false
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["{cni}"]
-    conf_dir = "/etc/cni/net.d"
-""".replace("{sandbox}", artifacts.PAUSE_IMAGE)
-
-CNI_CONFIG: Final = {
-    "cniVersion": "1.0.0",
-    "name": "realnode",
-    "plugins": [
-        {
-            "type": "macvlan",
-            "master": BRIDGE,
-            "mode": "bridge",
-            "ipam": {
-                "type": "host-local",
-                "ranges": [
-                    [
-                        {
-                            "subnet": "10.88.0.0/16",
-                            "rangeStart": "10.88.1.1",
-                            "rangeEnd": "10.88.1.250",
-                            "gateway": NODE_IP,
-                        }
-                    ]
-                ],
-                "routes": [{"dst": "0.0.0.0/0"}],
-            },
-        }
-    ],
-}
 
 
 def prepare(say: Say) -> artifacts.Artifacts:
