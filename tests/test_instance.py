@@ -74,7 +74,9 @@ def lock_holders(path: Path) -> set[int]:
 def held_by_us(path: Path) -> Iterator[int]:
     """Create ``path`` and hold an exclusive flock on it (another process, to the daemon)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # Truncated, as a daemon writes its PID: a longer PID left by an earlier holder
+    # would otherwise trail ours ("426\n5\n") and read as no PID at all.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, f"{os.getpid()}\n".encode())
