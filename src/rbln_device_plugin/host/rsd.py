@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from rbln_device_plugin.host import smi
+from rbln_device_plugin.host import ownfiles, smi
 from rbln_device_plugin.host.devnodes import DeviceNodeMissing, NotADeviceNode, wait_for_nodes
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.paths import ensure_dir
@@ -148,12 +148,12 @@ def npus_for(entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> list[int]
 
 
 def _open_lock_file(path: Path) -> int:
+    """The RSD lock file, opened without following a symlink and checked (see ``ownfiles``):
+    its directory (``/run/rbln`` on the host) is shared with other programs."""
     ensure_dir(path.parent)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    except FileExistsError:
-        return os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    os.fchmod(fd, 0o644)  # the creation mode is filtered by the umask
+    with ownfiles.opened_dir(path.parent) as parent_fd:
+        fd = ownfiles.open_file(parent_fd, path.parent, path.name)
+    assert fd is not None  # created when missing
     return fd
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -87,7 +88,12 @@ class ResourcePlugin:
             bound = server.add_insecure_port(f"unix:{self.socket_path}")
         if bound == 0:
             raise RuntimeError(f"cannot listen on {self.socket_path}")
-        os.chmod(self.socket_path, 0o600)
+        # No chmod: it would follow a symlink swapped in since the bind. The umask above
+        # already made the socket 0600; check that what is there now is that socket.
+        info = os.lstat(self.socket_path)
+        if not stat.S_ISSOCK(info.st_mode) or stat.S_IMODE(info.st_mode) & 0o177:
+            await server.stop(None)
+            raise RuntimeError(f"{self.socket_path} was replaced right after it was bound")
         await server.start()
         self._server = server
         self._socket_identity = paths.file_identity(self.socket_path)

@@ -41,7 +41,7 @@ from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
-from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
+from rbln_device_plugin.runtime.instancelock import ANCHOR_NAME, InstanceLock, InstanceLockError
 from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager, ScanHooks
 from rbln_device_plugin.runtime.watchdog import ScanWatchdog
@@ -123,7 +123,7 @@ async def _serve(config: Config) -> int:
     else:
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
-    instance = InstanceLock(config.kubelet_dir)
+    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME)
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the

@@ -1,0 +1,165 @@
+"""A hostile or careless host, through the real daemon: what sits where the daemon's own
+files belong (symlinks, stray files, hard links) is never followed or written, and the
+kubelet's directory deleted under a running daemon never makes two instances ready."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from rbln_device_plugin.host.ownfiles import MOVED_ASIDE_MSG
+from rbln_device_plugin.runtime.instancelock import (
+    ANCHOR_NAME,
+    LEGACY_LOCK_NAME,
+    LOCK_DIR,
+    LOCK_NAME,
+)
+from rbln_device_plugin_sim.node import SimNode
+
+from .daemon_process import DaemonProcess
+from .fault_helpers import NPU, launch
+from .probes import health, health_port
+
+HEALTH = ["--healthcheck-port", "0"]
+VICTIM_TEXT = "".join(f"line {n}: precious\n" for n in range(10))
+WAITING = (
+    "Another rbln-device-plugin instance serves this kubelet directory; waiting for it to exit"
+)
+RELOCKED = "Instance lock file was deleted or replaced; locked it again"
+
+
+def _victim(root: Path) -> Path:
+    victim = root / "victim"
+    victim.write_text(VICTIM_TEXT)
+    victim.chmod(0o600)
+    return victim
+
+
+def _assert_untouched(victim: Path) -> None:
+    assert victim.read_text() == VICTIM_TEXT
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+def _moved(daemon: DaemonProcess, path: Path) -> dict[str, object]:
+    (record,) = daemon.find(MOVED_ASIDE_MSG, path=str(path))
+    assert record["level"] == "warn"
+    return record
+
+
+async def test_a_symlinked_lock_file_is_moved_aside_never_written_through() -> None:
+    victims: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        victims.append(_victim(node.root))
+        (node.kubelet_dir / LOCK_DIR).mkdir(mode=0o750)
+        for link in (node.kubelet_dir / LOCK_DIR / LOCK_NAME, node.kubelet_dir / LEGACY_LOCK_NAME):
+            link.symlink_to(victims[0])
+        node.rsd_lock_path.parent.mkdir(parents=True, exist_ok=True)
+        (node.rsd_lock_path.parent / ANCHOR_NAME).symlink_to(victims[0])
+        node.rsd_lock_path.symlink_to(victims[0])
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        await h.kubelet.allocate(NPU, [["rbln0"]])  # takes the RSD lock too
+        _assert_untouched(victims[0])
+        for path in (
+            h.node.kubelet_dir / LOCK_DIR / LOCK_NAME,
+            h.node.kubelet_dir / LEGACY_LOCK_NAME,
+            h.node.rsd_lock_path.parent / ANCHOR_NAME,
+            h.node.rsd_lock_path,
+        ):
+            record = _moved(h.daemon, path)
+            assert "symbolic link" in str(record["problem"])
+            assert os.readlink(str(record["movedTo"])) == str(victims[0])
+            assert stat.S_ISREG(path.lstat().st_mode)  # the daemon's own file now
+        assert h.daemon.stop() == 0
+        _assert_untouched(victims[0])
+
+
+async def test_a_symlinked_lock_directory_creates_nothing_where_it_points() -> None:
+    elsewhere: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        outside = node.root / "elsewhere"
+        outside.mkdir()
+        elsewhere.append(outside)
+        (node.kubelet_dir / LOCK_DIR).symlink_to(outside, target_is_directory=True)
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        assert list(elsewhere[0].iterdir()) == []
+        record = _moved(h.daemon, h.node.kubelet_dir / LOCK_DIR)
+        assert "symbolic link" in str(record["problem"])
+        assert (h.node.kubelet_dir / LOCK_DIR).lstat().st_mode & stat.S_IFDIR
+        assert not (h.node.kubelet_dir / LOCK_DIR).is_symlink()
+        assert h.daemon.stop() == 0
+        assert list(elsewhere[0].iterdir()) == []
+
+
+async def test_a_hard_link_in_place_of_the_lock_file_is_not_truncated() -> None:
+    victims: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        victims.append(_victim(node.kubelet_dir.parent))
+        os.link(victims[0], node.kubelet_dir / LEGACY_LOCK_NAME)
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        record = _moved(h.daemon, h.node.kubelet_dir / LEGACY_LOCK_NAME)
+        assert "hard links" in str(record["problem"])
+        _assert_untouched(victims[0])
+
+
+async def test_a_stray_file_where_the_lock_directory_belongs_does_not_stop_the_node() -> None:
+    def plant(node: SimNode) -> None:
+        (node.kubelet_dir / LOCK_DIR).write_text("left by an old script\n")
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        record = _moved(h.daemon, h.node.kubelet_dir / LOCK_DIR)
+        assert "regular file, not a directory" in str(record["problem"])
+        moved = Path(str(record["movedTo"]))
+        assert moved.parent == h.node.kubelet_dir
+        assert moved.read_text() == "left by an old script\n"
+        assert str(moved) in str(record["hint"])
+        assert (h.node.kubelet_dir / LOCK_DIR / LOCK_NAME).is_file()
+        assert not [r for r in h.daemon.records if r.get("level") == "error"]
+
+
+async def test_a_kubelet_directory_deleted_and_recreated_never_makes_two_instances_ready() -> None:
+    # A slow schedule: the holder makes its kubelet-directory locks again only at its next
+    # scan, which is when an instance waiting on those files alone would have taken over.
+    async with launch("rebel-4", interval="3s", extra_args=HEALTH) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        first_port = await health_port(h.daemon)
+        second = DaemonProcess([*h.node.daemon_args("3s"), *HEALTH])
+        try:
+            await second.await_log(WAITING)
+            second_port = await health_port(second)
+            assert await health(first_port, "readiness") == "SERVING"
+            samples: list[tuple[str, str]] = []
+            await h.kubelet.stop()
+            shutil.rmtree(h.node.kubelet_dir)
+            h.node.kubelet_dir.mkdir()
+            relocks_before = len(h.daemon.find(RELOCKED))
+            # Sample both every 20 ms until the holder has locked the new files and a
+            # waiter's retry (0.5 s) and first scan have had time to follow.
+            after_relock = 0
+            while after_relock < 75:
+                pair = await asyncio.gather(
+                    health(first_port, "readiness"), health(second_port, "readiness")
+                )
+                samples.append((pair[0], pair[1]))
+                if len(h.daemon.find(RELOCKED)) > relocks_before or after_relock:
+                    after_relock += 1
+                assert len(samples) < 2000, "the holder never locked the new files"
+                await asyncio.sleep(0.02)
+            assert ("SERVING", "SERVING") not in samples
+            assert not second.find("Instance lock acquired; starting")
+            assert h.daemon.proc.poll() is None
+            assert (h.node.kubelet_dir / LOCK_DIR / LOCK_NAME).is_file()
+        finally:
+            second.kill()
