@@ -17,11 +17,13 @@ from rbln_device_plugin.runtime.instancelock import (
     LOCK_DIR,
     LOCK_NAME,
 )
-from rbln_device_plugin_sim.node import SimNode
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 from .daemon_process import DaemonProcess
 from .fault_helpers import NPU, launch
 from .probes import health, health_port
+from .test_inspect_cli import device, report
 
 HEALTH = ["--healthcheck-port", "0"]
 VICTIM_TEXT = "".join(f"line {n}: precious\n" for n in range(10))
@@ -163,3 +165,46 @@ async def test_a_kubelet_directory_deleted_and_recreated_never_makes_two_instanc
             assert (h.node.kubelet_dir / LOCK_DIR / LOCK_NAME).is_file()
         finally:
             second.kill()
+
+
+SYSFS_MISSING = "sysfs does not show the host's PCI devices; VFs and REBEL PFs are not advertised"
+
+
+async def test_a_missing_sysfs_root_never_advertises_a_vf_or_an_unknown_pf_as_a_whole_npu() -> None:
+    async with launch("rebel-sriov", extra_args=["--sysfs-root", "/nonexistent"]) as h:
+        (record,) = await h.daemon.await_log(SYSFS_MISSING)
+        assert record["level"] == "error"
+        assert record["path"] == "/nonexistent/bus/pci/devices"
+        assert "/sys" in str(record["hint"])
+        skipped = set(record["skippedDevices"])
+        assert {"rbln0-0", "rbln0-3", "rbln1-0", "rbln1", "rbln2", "rbln3"} <= skipped
+        # Several scans later: still one record, and nothing offered under any resource.
+        await h.daemon.await_log("Reconciled device inventory", count=4)
+        assert len(h.daemon.find(SYSFS_MISSING)) == 1
+        assert not h.daemon.find("Skipping device that sysfs does not show")
+        assert not h.daemon.find("Registered device plugin with kubelet")
+        assert h.sockets() == ["kubelet.sock"]
+        assert h.daemon.stop() == 0
+
+
+async def test_a_missing_sysfs_root_on_an_atom_node_still_offers_its_whole_npus() -> None:
+    async with launch("atom-max-8", extra_args=["--sysfs-root", "/nonexistent"]) as h:
+        view = await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 32)
+        assert {d.health for d in view.devices} == {"Healthy"}  # the spec's compatibility default
+        (record,) = await h.daemon.await_log(SYSFS_MISSING)
+        assert record["skippedDevices"] == []
+
+
+def test_inspect_reports_a_missing_sysfs_root_as_an_error() -> None:
+    root = short_tempdir()
+    try:
+        node = materialize(preset("rebel-sriov"), root)
+        document, code = report(node, "--sysfs-root", "/nonexistent")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert code == 1
+    (finding,) = [f for f in document["problems"] if f["kind"] == "sysfs-missing"]
+    assert finding["severity"] == "error" and finding["message"] == SYSFS_MISSING
+    assert finding["details"]["path"] == "/nonexistent/bus/pci/devices"
+    assert device(document, "rbln0-0")["resourceName"] is None
+    assert device(document, "rbln2")["resourceName"] is None
