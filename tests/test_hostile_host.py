@@ -10,6 +10,8 @@ import shutil
 import stat
 from pathlib import Path
 
+import pytest
+
 from rbln_device_plugin.host.ownfiles import MOVED_ASIDE_MSG
 from rbln_device_plugin.runtime.instancelock import (
     ANCHOR_NAME,
@@ -24,6 +26,7 @@ from .daemon_process import DaemonProcess
 from .fault_helpers import NPU, launch
 from .probes import health, health_port
 from .test_inspect_cli import device, report
+from .test_tracing import receiver
 
 HEALTH = ["--healthcheck-port", "0"]
 VICTIM_TEXT = "".join(f"line {n}: precious\n" for n in range(10))
@@ -208,3 +211,63 @@ def test_inspect_reports_a_missing_sysfs_root_as_an_error() -> None:
     assert finding["details"]["path"] == "/nonexistent/bus/pci/devices"
     assert device(document, "rbln0-0")["resourceName"] is None
     assert device(document, "rbln2")["resourceName"] is None
+
+
+# ------------------------------------------------------------------------------ settings
+IGNORED = "Setting ignored; using its default"
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "named"),
+    [
+        ({"METRICS_PORT": "\uff18\uff10"}, [], "METRICS_PORT (environment"),
+        ({"METRICS_PORT": " 9464"}, [], "METRICS_PORT (environment"),
+        ({"DEVICE_SCAN_INTERVAL": "\uff15s"}, [], "DEVICE_SCAN_INTERVAL (environment"),
+        ({"DEVICE_SCAN_INTERVAL": "5s "}, [], "DEVICE_SCAN_INTERVAL (environment"),
+        ({"SCAN_STALL_LIMIT": "1ns"}, [], "SCAN_STALL_LIMIT (environment"),
+        ({"METRICS_EXPORT_INTERVAL": "1ns"}, [], "METRICS_EXPORT_INTERVAL (environment"),
+        ({}, ["--rsd-lock-path", "run/rsd.lock"], "--rsd-lock-path (command line)"),
+        ({}, ["--dev-root", "dev"], "--dev-root (command line)"),
+    ],
+)
+def test_settings_go_refuses_stop_the_daemon_with_a_usage_error(
+    env: dict[str, str], args: list[str], named: str
+) -> None:
+    daemon = DaemonProcess(["--healthcheck-port", "-1", *args], env=env)
+    assert daemon.proc.wait(30) == 2
+    daemon.stop()  # collects the rest of its output
+    (record,) = daemon.find("Invalid command line")
+    assert str(record["err"]).startswith(named), record
+    assert f"rbln-device-plugin: error: {named}" in daemon.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"OTEL_TRACES_EXPORTER": ""}, None),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, "OTEL_TRACES_EXPORTER"),
+        ({"METRICS_PORT": "tcp://10.0.0.1:9464"}, "METRICS_PORT"),
+    ],
+)
+async def test_settings_opentelemetry_and_kubernetes_define_are_never_a_crash_loop(
+    env: dict[str, str], warned: str | None
+) -> None:
+    async with (
+        receiver() as (collector, port),
+        launch("rebel-4", env=env, extra_args=["--otlp-endpoint", f"127.0.0.1:{port}"]) as h,
+    ):
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        ignored = h.daemon.find(IGNORED)
+        if warned is None:
+            assert ignored == []
+        else:
+            (record,) = ignored
+            assert record["level"] == "warn" and str(record["setting"]).startswith(warned)
+            assert record["value"] == env[warned]
+        # Traces still go to the endpoint, as with the variable unset.
+        await h.kubelet.allocate(NPU, [["rbln0"]])
+        await collector.wait_spans(1)
+        if "METRICS_PORT" in env:
+            assert not h.daemon.find("Started metrics endpoint")
+        assert h.daemon.stop() == 0

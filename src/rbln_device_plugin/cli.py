@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from rbln_device_plugin import __version__, config, options, resources
 from rbln_device_plugin.telemetry import grpc_relay, logs
 
+IGNORED_SETTING_MSG = "Setting ignored; using its default"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -51,6 +53,8 @@ def _main(args: Sequence[str]) -> int:
             setting="--test-file-device-nodes / RBLN_TEST_FILE_DEVICE_NODES",
             hint="for the simulated node only; unset it on a real node",
         )
+    for setting, value, reason in cfg.ignored:
+        log.warning(IGNORED_SETTING_MSG, setting=setting, value=value, err=reason, usedDefault=True)
     ignored_problem = config.ignored_env_problem(os.environ)
     if ignored_problem is not None:
         log.warning(
