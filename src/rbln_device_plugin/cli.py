@@ -6,9 +6,11 @@ stderr so that every stdout line stays machine-parseable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rbln_device_plugin import __version__, config, options, resources
 from rbln_device_plugin.telemetry import grpc_relay, logs
@@ -24,17 +26,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return command.main(args[1:])
     try:
-        return _main(args)
+        code = _main(args)
     finally:
         # Records are written by a background thread: let the last ones out (bounded,
         # so a blocked stdout cannot hold the exit).
         logs.flush()
+    from rbln_device_plugin.runtime import signals
+
+    if signals.installed():
+        _end_process(code)
+    return code
+
+
+def _end_process(code: int) -> NoReturn:
+    """Exit without the interpreter's finalisation, which puts every signal back to its
+    default action: a second SIGTERM in that last moment would kill the process without
+    its record. Everything that matters is written by now (records, stderr)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _main(args: Sequence[str]) -> int:
     # The gRPC C core logs straight to fd 2 and reads this once, at import.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logs.install(os.environ)
+    # Before the first record: from here on a shutdown signal is always an orderly stop,
+    # a second one the forced exit (see runtime.signals; imports no gRPC).
+    from rbln_device_plugin.runtime import signals
+
+    signals.install()
     log = logs.get_logger()
     try:
         cfg = options.parse(args, os.environ)
