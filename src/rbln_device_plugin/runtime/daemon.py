@@ -191,14 +191,18 @@ async def _serve_locked(
         stop.set()
         if health is not None:
             await health.set_ready(False)
+        failed_before = manager_task.done()  # its failure, if any, is reported above
         try:
             await asyncio.wait_for(asyncio.shield(manager_task), SHUTDOWN_BUDGET_S)
         except TimeoutError:
             log.warning("Device manager did not stop in time; cancelling")
             manager_task.cancel()
             await asyncio.gather(manager_task, return_exceptions=True)
-        except Exception:
-            pass  # already reported above
+        except Exception as exc:
+            if not failed_before:
+                # Stopping itself failed: sockets may be left, and that must be heard.
+                log.error("Device manager failed while stopping", err=exc, exc_info=True)
+                exit_code = options.EXIT_FAILURE
         watchdog.close()
         await asyncio.gather(traces.shutdown(), recorder.shutdown())
         log.info(
