@@ -6,6 +6,7 @@ stderr so that every stdout line stays machine-parseable.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -41,7 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _end_process(code: int) -> NoReturn:
     """Exit without the interpreter's finalisation, which puts every signal back to its
     default action: a second SIGTERM in that last moment would kill the process without
-    its record. Everything that matters is written by now (records, stderr)."""
+    its record. Everything that matters is written by now (records, stderr); the exit
+    handlers registered with atexit still run, as at a normal exit."""
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
