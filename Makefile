@@ -36,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src sim tests bench deployments
 	@# The kubelet peer's Go sources (tests/kubelet-peer) when Go is installed.
 	@if command -v gofmt >/dev/null; then \
-		out=$$(gofmt -l tests/kubelet-peer); test -z "$$out" || { echo "gofmt: $$out"; exit 1; }; \
+		out=$$(gofmt -l tests/kubelet-peer tests/goparse); test -z "$$out" || { echo "gofmt: $$out"; exit 1; }; \
 	else echo "gofmt not found: skipping the kubelet peer's format check"; fi
 
 typecheck: $(STAMP)

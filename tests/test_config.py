@@ -48,7 +48,7 @@ def test_defaults_match_the_documented_table() -> None:
         ("--node-name", "NODE_NAME", "node_name", "f", "e", "f", "e"),
         ("--metrics-port", "METRICS_PORT", "metrics_port", "9464", "0", 9464, 0),
         ("--metrics-export-interval", "METRICS_EXPORT_INTERVAL", "metrics_export_interval",
-         "200ms", "1m", 0.2, 60.0),
+         "2s", "1m", 2.0, 60.0),
         ("--sysfs-root", "SYSFS_ROOT", "sysfs_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--dev-root", "DEV_ROOT", "dev_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--rbln-smi", "RBLN_SMI_PATH", "rbln_smi", "/f", "/e", Path("/f"), Path("/e")),
@@ -298,19 +298,89 @@ def test_traces_need_an_endpoint_and_can_be_switched_off_apart(
     assert resolve([], env).tracing_enabled is on
 
 
-@pytest.mark.parametrize("value", ["zipkin", "console", "otlp,console", "", "false"])
-def test_an_unsupported_traces_exporter_is_a_usage_error_naming_the_choices(value: str) -> None:
-    with pytest.raises(options.UsageError) as caught:
-        resolve([], {"OTEL_TRACES_EXPORTER": value})
-    assert str(caught.value) == (
-        "OTEL_TRACES_EXPORTER (environment; the flag is --otel-traces-exporter): "
-        f"{value!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
-    )
+@pytest.mark.parametrize("value", ["zipkin", "console", "otlp,console", "false"])
+def test_an_unsupported_traces_exporter_is_ignored_as_if_unset(value: str) -> None:
+    cfg = resolve([], {"OTEL_TRACES_EXPORTER": value, "OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317"})
+    assert cfg.traces_exporter == "otlp" and cfg.tracing_enabled
+    ((setting, raw, reason),) = cfg.ignored
+    assert setting == "OTEL_TRACES_EXPORTER (environment; the flag is --otel-traces-exporter)"
+    assert raw == value and "is not supported" in reason and "ignored as if unset" in reason
+
+
+@pytest.mark.parametrize("name", ["OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_opentelemetry_variable_is_unset(name: str, value: str) -> None:
+    cfg = resolve([], {name: value})
+    assert cfg == resolve([]) and cfg.ignored == ()
+    assert cfg.sources["traces_exporter"] == "default"
+
+
+@pytest.mark.parametrize("name", ["METRICS_PORT", "HEALTHCHECK_PORT"])
+def test_a_kubernetes_service_link_in_a_port_variable_is_ignored(name: str) -> None:
+    cfg = resolve([], {name: "tcp://10.0.0.1:9464"})
+    assert cfg == resolve([])
+    ((setting, raw, reason),) = cfg.ignored
+    assert setting.startswith(f"{name} (environment")
+    assert raw == "tcp://10.0.0.1:9464" and "service link" in reason
+
+
+@pytest.mark.parametrize(
+    ("value", "port"),
+    [("0x1f90", 8080), ("0o17", 15), ("017", 15), ("8_080", 8080), ("+80", 80), ("-0x1", -1)],
+)
+def test_ports_are_integers_as_go_reads_them(value: str, port: int) -> None:
+    assert resolve(["--healthcheck-port", value]).healthcheck_port == port
+
+
+@pytest.mark.parametrize(
+    "value", ["\uff18\uff10", " 80", "80 ", "0x", "08", "8__0", "_80", "80_", "1e3"]
+)
+def test_ports_go_refuses_are_refused(value: str) -> None:
+    with pytest.raises(options.UsageError, match="is not an integer port"):
+        resolve([], {"METRICS_PORT": value})
+
+
+@pytest.mark.parametrize("value", ["\uff15s", " 5s", "5s ", "5 s"])
+def test_durations_go_refuses_are_refused(value: str) -> None:
+    with pytest.raises(options.UsageError):
+        resolve([], {"DEVICE_SCAN_INTERVAL": value})
+
+
+@pytest.mark.parametrize(
+    ("interval", "limit"), [("300ms", "999ms"), ("5s", "14s"), ("1s", "2999ms"), ("1s", "1ns")]
+)
+def test_a_stall_limit_below_three_scan_intervals_is_refused(interval: str, limit: str) -> None:
+    with pytest.raises(options.UsageError, match="shorter than its floor"):
+        resolve(["--device-scan-interval", interval, "--scan-stall-limit", limit])
+
+
+@pytest.mark.parametrize(
+    ("interval", "limit"), [("300ms", "1s"), ("5s", "15s"), ("1h", "2m"), ("100ms", "1s")]
+)
+def test_a_stall_limit_at_its_floor_is_accepted(interval: str, limit: str) -> None:
+    cfg = resolve(["--device-scan-interval", interval, "--scan-stall-limit", limit])
+    assert cfg.scan_stall_limit == parse_duration(limit)
+
+
+def test_the_default_stall_limit_suits_every_interval() -> None:
+    assert resolve(["--device-scan-interval", "24h"]).scan_stall_limit == 120
+
+
+@pytest.mark.parametrize("value", ["1ns", "999ms"])
+def test_an_export_interval_below_one_second_is_refused(value: str) -> None:
+    with pytest.raises(options.UsageError, match="shorter than the floor of 1s"):
+        resolve([], {"METRICS_EXPORT_INTERVAL": value})
+
+
+@pytest.mark.parametrize("flag", ["--rsd-lock-path", "--dev-root"])
+def test_relative_host_paths_are_refused(flag: str) -> None:
+    with pytest.raises(options.UsageError, match="is not an absolute path"):
+        resolve([flag, "run/x"])
 
 
 def test_every_option_is_a_config_field_with_its_own_converter() -> None:
     from dataclasses import fields
 
-    settings = {f.name for f in fields(config.Config)} - {"sources"}
+    settings = {f.name for f in fields(config.Config)} - {"sources", "ignored"}
     assert {o.field for o in config.OPTIONS} == settings
     assert all(callable(o.convert) for o in config.OPTIONS)

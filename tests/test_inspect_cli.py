@@ -275,23 +275,26 @@ def test_unreadable_pci_link() -> None:
         node.pci_link(node.layout.device("rbln3").bus_id).unlink()
         done = inspect(node)
         document, code = report(node)
-    # Placement is degraded, but every device is still advertised and healthy: exit 0.
-    assert done.returncode == 0 and code == 0
-    assert summary(document)[NPU] == (4, 4, 0)
+    # rbln1's placement is degraded, but it is still advertised and healthy. rbln3's PCI
+    # directory is gone altogether: a REBEL PF whose partitioning cannot be read is not
+    # guessed to be whole (it might host VFs), so it is not advertised: exit 1.
+    assert done.returncode == 1 and code == 1
+    assert summary(document)[NPU] == (3, 3, 0)
     assert device(document, "rbln1")["pciPath"] is None
     assert "has no pciDDDD:BB host bridge" in device(document, "rbln1")["pciPathError"]
     rbln3 = node.layout.device("rbln3").bus_id
     assert device(document, "rbln3")["pciPathError"] == (
         f"{node.sysfs_root}/bus/pci/devices/{rbln3} does not exist"
     )
-    warnings = [(p["severity"], p["kind"], p["device"]) for p in document["problems"]]
-    assert warnings == [
+    assert device(document, "rbln3")["resourceName"] is None
+    found = [(p["severity"], p["kind"], p["device"]) for p in document["problems"]]
+    assert found == [
         ("warning", "pci-path-unreadable", "rbln1"),
-        ("warning", "pci-path-unreadable", "rbln3"),
+        ("error", "sysfs-unseen", "rbln3"),
     ]
     assert "unreadable: " in table_line(done.stdout, "rbln1")
     assert done.stdout.splitlines()[-1] == (
-        "OK: 4 devices advertised, 0 errors, 2 warnings (exit 0)"
+        "NOT OK: 3 devices advertised, 1 error, 1 warning (exit 1)"
     )
 
 

@@ -19,7 +19,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rbln_device_plugin import options
-from rbln_device_plugin.runtime.instancelock import LEGACY_LOCK_NAME, LOCK_DIR, LOCK_NAME
+from rbln_device_plugin.runtime.instancelock import (
+    ANCHOR_NAME,
+    LEGACY_LOCK_NAME,
+    LOCK_DIR,
+    LOCK_NAME,
+)
 from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
@@ -74,7 +79,9 @@ def lock_holders(path: Path) -> set[int]:
 def held_by_us(path: Path) -> Iterator[int]:
     """Create ``path`` and hold an exclusive flock on it (another process, to the daemon)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # Truncated, as a daemon writes its PID: a longer PID left by an earlier holder
+    # would otherwise trail ours ("426\n5\n") and read as no PID at all.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -103,7 +110,8 @@ async def test_a_kubelet_start_leaves_the_instance_lock_alone() -> None:
             assert lock_holders(lock) == {first.proc.pid}
             assert not second.find("Instance lock acquired; starting")
             assert first.proc.poll() is None and not first.find(LOST)
-            assert lock == h.node.kubelet_dir / LOCK_DIR / LOCK_NAME
+            # The lock a second instance waits on lies outside the kubelet's directory.
+            assert lock == h.node.rsd_lock_path.parent / ANCHOR_NAME
             # The second instance still takes over the moment the first one exits.
             assert first.stop() == 0
             await second.await_log("Instance lock acquired; starting")

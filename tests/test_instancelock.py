@@ -75,13 +75,15 @@ async def test_a_replacement_someone_else_holds_is_a_loss(tmp_path: Path) -> Non
         lock.release()
 
 
-async def test_a_lock_that_cannot_be_made_again_is_a_loss(tmp_path: Path) -> None:
+async def test_a_file_where_the_lock_directory_was_is_moved_aside(tmp_path: Path) -> None:
     lock = await held_lock(tmp_path)
     try:
         shutil.rmtree(tmp_path / LOCK_DIR)
         (tmp_path / LOCK_DIR).write_text("a file where the lock directory was")
-        assert not lock.check()
-        assert lock.loss is not None and "cannot" in lock.loss.reason
+        assert lock.check()  # moved aside, made again, locked again: still ours
+        (aside,) = tmp_path.glob(f"{LOCK_DIR}.moved-aside.*")
+        assert aside.read_text() == "a file where the lock directory was"
+        assert holds(tmp_path / LOCK_DIR / LOCK_NAME)
     finally:
         lock.release()
 
@@ -104,18 +106,32 @@ async def test_the_watch_notices_a_takeover_at_once(tmp_path: Path) -> None:
         lock.release()
 
 
-def test_a_kubelet_directory_that_goes_while_locking_is_never_recreated(tmp_path: Path) -> None:
-    """The kubelet's directory vanishes between the lock's check for it and the creation of
-    the lock's own subdirectory: the lock gives up for now instead of making it again."""
-
-    class GoneAfterOneLook(type(tmp_path)):  # type: ignore[misc]
-        looks = 0
-
-        def is_dir(self) -> bool:
-            GoneAfterOneLook.looks += 1
-            return GoneAfterOneLook.looks == 1
-
-    kubelet_dir = GoneAfterOneLook(tmp_path / "device-plugins")
-    lock = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False)
+def test_a_missing_kubelet_directory_is_never_created(tmp_path: Path) -> None:
+    kubelet_dir = tmp_path / "device-plugins"
+    lock = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False, subdir=LOCK_DIR)
     assert lock.try_lock() is None
-    assert not (tmp_path / "device-plugins").exists()
+    assert not kubelet_dir.exists()
+
+
+def test_the_anchor_is_waited_on_whatever_happens_to_the_kubelet_directory(
+    tmp_path: Path,
+) -> None:
+    kubelet_dir, run = tmp_path / "kubelet", tmp_path / "run"
+    kubelet_dir.mkdir()
+    first = InstanceLock(kubelet_dir, run / "anchor.lock")
+    second = InstanceLock(kubelet_dir, run / "anchor.lock")
+
+    async def scenario() -> None:
+        assert await first.acquire(asyncio.Event())
+        shutil.rmtree(kubelet_dir)
+        kubelet_dir.mkdir()
+        stop = asyncio.Event()
+        waiting = asyncio.create_task(second.acquire(stop))
+        await asyncio.sleep(0.7)  # more than one retry of the waiter
+        assert not waiting.done()
+        assert first.check()  # the holder locks its kubelet-directory files again
+        first.release()
+        assert await asyncio.wait_for(waiting, 10)
+        second.release()
+
+    asyncio.run(scenario())

@@ -29,6 +29,7 @@ TIERS: tuple[frozenset[str], ...] = (
             "_build_version",
             "api",
             "durations",
+            "goints",
             "resources",
             "shorten",
             "waits",

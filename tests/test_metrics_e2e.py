@@ -198,7 +198,7 @@ async def test_the_otlp_receiver_gets_the_same_data_points_as_the_scrape() -> No
         running(
             "rebel-4", interval="1h", level="info",
             extra_args=[*ON, "--otlp-endpoint", f"127.0.0.1:{port}", "--metrics-otlp", "true",
-                        "--metrics-export-interval", "200ms", "--node-name", "node-a"],
+                        "--metrics-export-interval", "1s", "--node-name", "node-a"],
         ) as h,
     ):  # fmt: skip
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)

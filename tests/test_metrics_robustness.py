@@ -29,7 +29,7 @@ async def test_a_broken_collector_never_delays_allocations_or_the_probe(mode: st
     async with metrics_receiver(hang=True) as (collector, hanging_port):
         port = free_port() if mode == "unreachable" else hanging_port
         args = [*HEALTH, "--metrics-port", "0", "--otlp-endpoint", f"127.0.0.1:{port}",
-                "--metrics-otlp", "true", "--metrics-export-interval", "100ms"]  # fmt: skip
+                "--metrics-otlp", "true", "--metrics-export-interval", "1s"]  # fmt: skip
         async with running("rebel-4", extra_args=args, level="info") as h:
             await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
             probe = await health_port(h.daemon)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -60,13 +59,14 @@ def test_the_allocator_is_reused_until_the_devices_change() -> None:
 
 def _threads(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., Any]]:
     handed: list[Callable[..., Any]] = []
-    real = asyncio.to_thread
+    real = preferred.in_thread
 
-    async def spy(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    async def spy(func: Callable[..., Any], name: str) -> Any:
         handed.append(func)
-        return await real(func, *args, **kwargs)
+        return await real(func, name)
 
-    monkeypatch.setattr(preferred.asyncio, "to_thread", spy)
+    # A thread of its own (never asyncio's default executor, joined without a bound).
+    monkeypatch.setattr(preferred, "in_thread", spy)
     return handed
 
 

@@ -26,7 +26,12 @@ import pytest
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
-from rbln_device_plugin.runtime.instancelock import LEGACY_LOCK_NAME, LOCK_DIR, LOCK_NAME
+from rbln_device_plugin.runtime.instancelock import (
+    ANCHOR_NAME,
+    LEGACY_LOCK_NAME,
+    LOCK_DIR,
+    LOCK_NAME,
+)
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.state import Fault
 
@@ -270,7 +275,8 @@ async def test_a_second_daemon_waits_for_the_first_instead_of_fighting() -> None
                 "waiting for it to exit"
             )
             assert waiting["level"] == "error" and waiting["holderPid"] == first.proc.pid
-            assert waiting["lockPath"] == str(h.node.kubelet_dir / LOCK_DIR / LOCK_NAME)
+            # It waits on the lock beside the RSD lock, outside the kubelet's directory.
+            assert waiting["lockPath"] == str(h.node.rsd_lock_path.parent / ANCHOR_NAME)
             registrations = len(h.kubelet.registrations)
             for _ in range(3):
                 await next_reconcile(first)

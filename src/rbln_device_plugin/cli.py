@@ -6,10 +6,12 @@ stderr so that every stdout line stays machine-parseable.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, NoReturn
 
 # Modules that are loaded only because a module we need can use them, and that this
 # process never does: asyncio loads ssl, and OpenSSL with it (about 4.5 MiB resident), for
@@ -25,6 +27,8 @@ if "asyncio" not in sys.modules:
 from rbln_device_plugin import __version__, config, options, resources  # noqa: E402
 from rbln_device_plugin.telemetry import grpc_relay, logs  # noqa: E402
 
+IGNORED_SETTING_MSG = "Setting ignored; using its default"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -34,17 +38,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return command.main(args[1:])
     try:
-        return _main(args)
+        code = _main(args)
     finally:
         # Records are written by a background thread: let the last ones out (bounded,
         # so a blocked stdout cannot hold the exit).
         logs.flush()
+    from rbln_device_plugin.runtime import signals
+
+    if signals.installed():
+        _end_process(code)
+    return code
+
+
+def _end_process(code: int) -> NoReturn:
+    """Exit without the interpreter's finalisation, which puts every signal back to its
+    default action: a second SIGTERM in that last moment would kill the process without
+    its record. Everything that matters is written by now (records, stderr); the exit
+    handlers registered with atexit still run, as at a normal exit."""
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _main(args: Sequence[str]) -> int:
     # The gRPC C core logs straight to fd 2 and reads this once, at import.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logs.install(os.environ)
+    # Before the first record: from here on a shutdown signal is always an orderly stop,
+    # a second one the forced exit (see runtime.signals; imports no gRPC).
+    from rbln_device_plugin.runtime import signals
+
+    signals.install()
     log = logs.get_logger()
     try:
         cfg = options.parse(args, os.environ)
@@ -63,6 +90,8 @@ def _main(args: Sequence[str]) -> int:
             setting="--test-file-device-nodes / RBLN_TEST_FILE_DEVICE_NODES",
             hint="for the simulated node only; unset it on a real node",
         )
+    for setting, value, reason in cfg.ignored:
+        log.warning(IGNORED_SETTING_MSG, setting=setting, value=value, err=reason, usedDefault=True)
     ignored_problem = config.ignored_env_problem(os.environ)
     if ignored_problem is not None:
         log.warning(

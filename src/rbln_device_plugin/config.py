@@ -7,6 +7,7 @@ reads the environment (``options`` turns a command line into the flag values).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Final
 
 from rbln_device_plugin import resources
 from rbln_device_plugin.durations import format_duration, parse_duration
+from rbln_device_plugin.goints import parse_go_int
 
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
@@ -41,6 +43,10 @@ def ignored_env_problem(environ: Mapping[str, str]) -> str | None:
 
 class ConfigError(ValueError):
     """A setting that cannot be used. The message names the flag or variable that gave it."""
+
+
+class IgnoredSetting(ValueError):
+    """A value that is ignored (with a warning) rather than refused: the default is used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,9 @@ DEFAULT_METRICS_EXPORT_INTERVAL_S: Final = 60.0
 # hangs at the same moment finishes a scan of 100 devices well within this.
 DEFAULT_SCAN_STALL_LIMIT_S: Final = 120.0
 TRACES_EXPORTERS: Final = ("otlp", "none")
+# Floors of the two limits the Go plugin does not have (see stall_limit_floor).
+MIN_METRICS_EXPORT_INTERVAL_S: Final = 1.0
+MIN_SCAN_STALL_LIMIT_S: Final = 1.0
 
 
 def _path(raw: str) -> Path:
@@ -91,9 +100,22 @@ def _host_dir(raw: str) -> Path:
     return path
 
 
+# What Kubernetes injects for a Service named "metrics" or "healthcheck" in the pod's
+# namespace (service links): METRICS_PORT=tcp://10.0.0.1:9464. Not a port the operator
+# chose, so it is not worth a crash loop.
+_SERVICE_LINK: Final = re.compile(r"tcp://[^\s/]+:[0-9]+", re.ASCII)
+
+
 def _port(raw: str) -> int:
+    """An integer as Go's strconv.ParseInt(s, 0, 64) reads it; negative disables."""
+    if _SERVICE_LINK.fullmatch(raw):
+        raise IgnoredSetting(
+            f"{raw!r} is a Kubernetes service link (a Service named after the variable "
+            "exists in the namespace), not a port; using the default (set "
+            "enableServiceLinks: false on the pod, as the chart does)"
+        )
     try:
-        port = int(raw.strip(), 10)
+        port = parse_go_int(raw)
     except ValueError:
         raise ConfigError(f"{raw!r} is not an integer port") from None
     if port > 65535:
@@ -112,8 +134,8 @@ _LIMIT_WORDING: Final = (
 )
 
 
-def _positive_duration(wording: tuple[str, str]) -> Callable[[str], float]:
-    """A converter for a Go duration that is positive and at most a day."""
+def _positive_duration(wording: tuple[str, str], least: float = 0.0) -> Callable[[str], float]:
+    """A converter for a Go duration that is positive (at least ``least``) and at most a day."""
 
     def convert(raw: str) -> float:
         try:
@@ -125,13 +147,23 @@ def _positive_duration(wording: tuple[str, str]) -> Callable[[str], float]:
             raise ConfigError(wording[0].format(raw=raw, most=most))
         if seconds > MAX_SCAN_INTERVAL_S:
             raise ConfigError(wording[1].format(raw=raw, most=most))
+        if seconds < least:
+            raise ConfigError(f"{raw!r} is shorter than the floor of {format_duration(least)}")
         return seconds
 
     return convert
 
 
 _interval = _positive_duration(_INTERVAL_WORDING)
+_export_interval = _positive_duration(_INTERVAL_WORDING, MIN_METRICS_EXPORT_INTERVAL_S)
 _limit = _positive_duration(_LIMIT_WORDING)
+
+
+def stall_limit_floor(scan_interval: float) -> float:
+    """The shortest --scan-stall-limit for ``scan_interval``: three intervals (a scan that
+    outlasts them has missed three scans), at least 1 s, never above the 2 min default (an
+    interval can be a day; what is wedged is one scan's age, not the schedule)."""
+    return min(max(3 * scan_interval, MIN_SCAN_STALL_LIMIT_S), DEFAULT_SCAN_STALL_LIMIT_S)
 
 
 def _text(raw: str) -> str:
@@ -148,13 +180,15 @@ def _bool(raw: str) -> bool:
 
 
 def _traces_exporter(raw: str) -> str:
-    # OpenTelemetry's variable, read as its specification says (enum values ignore case);
-    # of its exporters only OTLP is built in, and a list ("otlp,console") would promise
-    # more than the daemon sends.
+    # OpenTelemetry's variable, read as its specification says: enum values ignore case,
+    # and an unsupported value is a warning, then ignored as if unset (tracing is
+    # best-effort). Of its exporters only OTLP is built in; a list ("otlp,console")
+    # would promise more than the daemon sends.
     text = raw.strip().lower()
     if text not in TRACES_EXPORTERS:
-        raise ConfigError(
-            f"{raw!r} is not supported: otlp (traces to the OTLP endpoint) or none (no traces)"
+        raise IgnoredSetting(
+            f"{raw!r} is not supported (otlp: traces to the OTLP endpoint, none: no traces); "
+            "ignored as if unset"
         )
     return text
 
@@ -171,8 +205,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR",
            convert=_host_dir),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515",
-           "TCP port of the gRPC health service; negative disables it, 0 picks a free port",
-           "PORT", convert=_port),
+           "TCP port of the gRPC health service, an integer as Go reads it; negative "
+           "disables it, 0 picks a free port; a Kubernetes service link value "
+           "(tcp://host:port) is a warning and the default", "PORT", convert=_port),
     Option("scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL",
            format_duration(DEFAULT_SCAN_INTERVAL_S),
            "interval between device inventory scans, a Go duration such as 500ms, 5s, 1m30s "
@@ -183,42 +218,50 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "empty disables tracing", "ENDPOINT", convert=_text),
     Option("traces_exporter", "--otel-traces-exporter", "OTEL_TRACES_EXPORTER", "otlp",
            "otlp sends allocation traces to the OTLP endpoint when one is set; none keeps "
-           "them off, for an endpoint that should get metrics only", "otlp|none",
+           "them off, for an endpoint that should get metrics only; empty means unset, any "
+           "other value is a warning and ignored", "otlp|none",
            convert=_traces_exporter),
     Option("metrics_port", "--metrics-port", "METRICS_PORT", "-1",
            "TCP port of the Prometheus metrics endpoint (GET /metrics); negative disables it, "
-           "0 picks a free port", "PORT", shown_default="-1 (off)", convert=_port),
+           "0 picks a free port; a Kubernetes service link value (tcp://host:port) is a "
+           "warning and the default", "PORT", shown_default="-1 (off)", convert=_port),
     Option("metrics_otlp", "--metrics-otlp", "METRICS_OTLP", "false",
            "push metrics over OTLP to --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT, apart "
            "from tracing", "BOOL", convert=_bool),
     Option("metrics_export_interval", "--metrics-export-interval", "METRICS_EXPORT_INTERVAL",
            format_duration(DEFAULT_METRICS_EXPORT_INTERVAL_S),
-           "time between OTLP metric pushes, a Go duration; positive and at most "
-           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", convert=_interval),
+           "time between OTLP metric pushes, a Go duration; at least "
+           f"{format_duration(MIN_METRICS_EXPORT_INTERVAL_S)} and at most "
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", convert=_export_interval),
     Option("node_name", "--node-name", "NODE_NAME", "",
            "Kubernetes node name, recorded on traces as k8s.node.name", "NAME", convert=_text),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
            "sysfs mount point (device status, PCI hierarchy, SR-IOV files)", "DIR", convert=_path),
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev",
-           "directory of NPU and RSD device nodes on the host", "DIR", convert=_path),
+           "directory of NPU and RSD device nodes on the host (absolute)", "DIR",
+           convert=_host_dir),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI_PATH", "",
            "rbln-smi executable; when unset, the first executable rbln-smi in /usr/bin, "
            "/run/rbln/driver/usr/bin, /host/usr/bin, /host/driver/usr/bin, then PATH", "PATH",
            shown_default="search", convert=_optional_path),
     Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
-           "lock file serialising RSD group changes between processes", "PATH", convert=_path),
+           "lock file serialising RSD group changes between processes (absolute); the "
+           "instance lock a second instance waits on lies beside it", "PATH",
+           convert=_host_dir),
     Option("scan_stall_limit", "--scan-stall-limit", "SCAN_STALL_LIMIT",
            format_duration(DEFAULT_SCAN_STALL_LIMIT_S),
            "a device scan still running after this long turns the liveness health service "
            "NOT_SERVING until it finishes (the chart's probe then restarts the pod); a Go "
-           f"duration, positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION",
-           convert=_limit),
+           "duration, at least three scan intervals (at least 1s; a floor of at most "
+           f"{format_duration(DEFAULT_SCAN_STALL_LIMIT_S)}) and at most "
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", convert=_limit),
     Option("test_file_device_nodes", "--test-file-device-nodes", "RBLN_TEST_FILE_DEVICE_NODES",
            "false", "TEST ONLY (the simulated node): accept regular files where device nodes "
            "belong; never set it on a real node", "BOOL", convert=_bool),
 )  # fmt: skip
 
 _UNIX_SOCKET_PATH_MAX: Final = 107
+_OTEL_PREFIX: Final = "OTEL_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +287,9 @@ class Config:
     # Where each setting came from ("flag", "env" or "default"), so that a later message
     # about a value can name what supplied it. Not part of the configuration itself.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # Values ignored in favour of the default, each (setting as its source spells it,
+    # value, why): logged once at start.
+    ignored: tuple[tuple[str, str, str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def healthcheck_enabled(self) -> bool:
@@ -269,7 +315,7 @@ class Config:
         """The resolved configuration as log fields."""
         out: dict[str, Any] = {}
         for item in fields(self):
-            if item.name == "sources":
+            if item.name in ("sources", "ignored"):
                 continue
             value = getattr(self, item.name)
             if item.name in ("scan_interval", "metrics_export_interval", "scan_stall_limit"):
@@ -304,18 +350,36 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Conf
     """Build the Config from parsed flag values (None = not given) and the environment."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    ignored: list[tuple[str, str, str]] = []
     for option in OPTIONS:
         raw, source = flags.get(option.field), "flag"
         if raw is None:
             raw, source = environ.get(option.env), "env"
+            # OpenTelemetry's rule for its own variables: an empty one is unset.
+            if raw is not None and option.env.startswith(_OTEL_PREFIX) and not raw.strip():
+                raw = None
         if raw is None:
             raw, source = option.default, "default"
         sources[option.field] = source
         try:
             values[option.field] = option.convert(raw)
+        except IgnoredSetting as exc:
+            ignored.append((_origin(option, source), raw, str(exc)))
+            values[option.field] = option.convert(option.default)
+            sources[option.field] = "default"
         except ConfigError as exc:
             raise ConfigError(f"{_origin(option, source)}: {exc}") from None
-    config = Config(**values, sources=sources)
+    config = Config(**values, sources=sources, ignored=tuple(ignored))
+    floor = stall_limit_floor(config.scan_interval)
+    if config.scan_stall_limit < floor:
+        raise ConfigError(
+            f"{config.origin('scan_stall_limit')}: {format_duration(config.scan_stall_limit)} "
+            f"is shorter than its floor of {format_duration(floor)} (three scan intervals "
+            f"of {format_duration(config.scan_interval)}, at least "
+            f"{format_duration(MIN_SCAN_STALL_LIMIT_S)}, at most "
+            f"{format_duration(DEFAULT_SCAN_STALL_LIMIT_S)}): every scan would turn "
+            "liveness NOT_SERVING"
+        )
     if config.metrics_otlp and not config.otlp_endpoint:
         endpoint = _option("otlp_endpoint")
         raise ConfigError(

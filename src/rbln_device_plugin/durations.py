@@ -3,46 +3,127 @@ Go's ``time.Duration.String`` prints them, so flags and records read like the Go
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Final
 
-_DURATION_UNITS: Final[Mapping[str, float]] = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
+# Nanoseconds per unit, as Go's time package spells them (µ is U+00B5, μ is U+03BC).
+_UNIT_NS: Final[Mapping[str, int]] = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
 }
-_DURATION_TERM: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_ASCII_DIGITS: Final = frozenset("0123456789")
+_MAX_NS: Final = 1 << 63
 
 
 def parse_duration(text: str) -> float:
     """Parse a Go duration ("5s", "200ms", "1m30s", "1.5h") into seconds.
 
-    The sign is kept so the caller can reject negative values with its own message.
+    Exactly the strings ``time.ParseDuration`` accepts, to the nanosecond (see
+    ``parse_duration_ns``). The sign is kept so the caller can reject negative values
+    with its own message.
     """
-    raw = text.strip()
-    body = raw[1:] if raw[:1] in ("+", "-") else raw
-    sign = -1.0 if raw.startswith("-") else 1.0
-    if body == "0":
-        return 0.0
-    if not body:
+    return parse_duration_ns(text) / 1e9
+
+
+def parse_duration_ns(text: str) -> int:
+    """Go's ``time.ParseDuration``, step for step: ``[-+]?([0-9]*(\\.[0-9]*)?[a-z]+)+``.
+
+    ASCII digits only, no spaces, a unit on every term ("0" alone is the exception),
+    int64 nanoseconds (overflow is an error), fractions truncated to the nanosecond the
+    way Go's float64 step truncates them. ValueError says what Go would say.
+    """
+    rest = text
+    negative = False
+    if rest[:1] in ("-", "+"):
+        negative = rest[0] == "-"
+        rest = rest[1:]
+    if rest == "0":
+        return 0
+    if not rest:
         raise ValueError(f"invalid duration {text!r}")
-    total = 0.0
-    position = 0
-    while position < len(body):
-        match = _DURATION_TERM.match(body, position)
-        if match is None:
+    total = 0
+    while rest:
+        if not (rest[0] == "." or rest[0] in _ASCII_DIGITS):
+            raise ValueError(f"invalid duration {text!r}")
+        whole, rest, overflow = _leading_int(rest)
+        if overflow:
+            raise ValueError(f"invalid duration {text!r} (out of range)")
+        had_whole = whole is not None
+        fraction, scale, had_fraction = 0, 1.0, False
+        if rest[:1] == ".":
+            fraction, scale, rest, had_fraction = _leading_fraction(rest[1:])
+        if not had_whole and not had_fraction:
+            raise ValueError(f"invalid duration {text!r}")
+        end = 0
+        while end < len(rest) and rest[end] != "." and rest[end] not in _ASCII_DIGITS:
+            end += 1
+        if end == 0:
+            raise ValueError(f"missing unit in duration {text!r} (units: ns, us, ms, s, m, h)")
+        unit_text, rest = rest[:end], rest[end:]
+        unit = _UNIT_NS.get(unit_text)
+        if unit is None:
             raise ValueError(
-                f"invalid duration {text!r} (expected a number with a unit: ns, us, ms, s, m, h)"
+                f"unknown unit {unit_text!r} in duration {text!r} (units: ns, us, ms, s, m, h)"
             )
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        position = match.end()
-    return sign * total
+        value = whole or 0
+        if value > _MAX_NS // unit:
+            raise ValueError(f"invalid duration {text!r} (out of range)")
+        value *= unit
+        if fraction > 0:
+            value += int(float(fraction) * (float(unit) / scale))
+            if value > _MAX_NS:
+                raise ValueError(f"invalid duration {text!r} (out of range)")
+        total += value
+        if total > _MAX_NS:
+            raise ValueError(f"invalid duration {text!r} (out of range)")
+    if negative:
+        return -total
+    if total > _MAX_NS - 1:
+        raise ValueError(f"invalid duration {text!r} (out of range)")
+    return total
+
+
+def _leading_int(text: str) -> tuple[int | None, str, bool]:
+    """Go's leadingInt: the digits' value (None: no digits), the rest, and overflow."""
+    value = 0
+    index = 0
+    while index < len(text) and text[index] in _ASCII_DIGITS:
+        if value > _MAX_NS // 10:
+            return None, text, True
+        value = value * 10 + ord(text[index]) - 48
+        if value > _MAX_NS:
+            return None, text, True
+        index += 1
+    return (value if index else None), text[index:], False
+
+
+def _leading_fraction(text: str) -> tuple[int, float, str, bool]:
+    """Go's leadingFraction: digits past the point, their scale, the rest, any consumed."""
+    value = 0
+    scale = 1.0
+    index = 0
+    overflow = False
+    while index < len(text) and text[index] in _ASCII_DIGITS:
+        digit = ord(text[index]) - 48
+        index += 1
+        if overflow:
+            continue
+        if value > (_MAX_NS - 1) // 10:
+            overflow = True
+            continue
+        candidate = value * 10 + digit
+        if candidate > _MAX_NS:
+            overflow = True
+            continue
+        value = candidate
+        scale *= 10
+    return value, scale, text[index:], index > 0
 
 
 def format_duration(seconds: float) -> str:

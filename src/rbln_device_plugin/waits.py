@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -33,7 +34,9 @@ async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> bool
 async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     """Run ``work``; cancel it when ``stop`` is set first. True when it completed.
 
-    What ``work`` raised is raised here.
+    What ``work`` raised is raised here. Whatever happens, ``work`` has finished (its
+    cleanup included) when this returns or raises; a cancellation of the caller itself
+    is passed on, never taken for the cancellation of ``work``.
     """
     task = asyncio.ensure_future(work)
     stopped = asyncio.ensure_future(stop.wait())
@@ -43,14 +46,34 @@ async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
         stopped.cancel()
         if not task.done():
             task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(stopped, return_exceptions=True)
-    if task.cancelled() or not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # gather with return_exceptions turns the two futures' own cancellations into
+        # results, and raises CancelledError only when the caller is cancelled.
+        await asyncio.gather(task, stopped, return_exceptions=True)
+    if task.cancelled():
         return False
     task.result()
     return True
+
+
+async def in_thread(run: Callable[[], T], name: str) -> T:
+    """``run()`` on a daemon thread of its own, its result or exception here.
+
+    Not ``asyncio.to_thread``: the default executor is joined without a bound when
+    ``asyncio.run`` ends, so one call that never returns would hold the process exit.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def work() -> None:
+        try:
+            value = run()
+        except BaseException as exc:
+            call_soon_threadsafe(loop, _set_exception, done, exc)
+        else:
+            set_result_threadsafe(loop, done, value)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await done
 
 
 def call_soon_threadsafe(
@@ -71,3 +94,8 @@ def set_result_threadsafe(
 def _set_result(future: asyncio.Future[T], value: T) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[T], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -14,11 +14,13 @@ debootstrap's writes outside the cache land in the node's overlays, never on the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ PLUGIN_REPOSITORY: Final = "localhost/rbln-device-plugin"
 DEBIAN_SUITE: Final = "bookworm"
 DEBIAN_MIRROR: Final = "http://deb.debian.org/debian"
 HOST_CA_BUNDLE: Final = "/etc/ssl/certs/ca-certificates.crt"
+STALE_ARCHIVE_S: Final = 3600.0
 # The base replaces python:3.11-slim-bookworm: Debian's Python 3.11 with pip from its own
 # ensurepip (so the Dockerfile's `pip uninstall pip setuptools wheel` works as there).
 BASE_PACKAGES: Final = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
@@ -358,6 +361,7 @@ def plugin_image(in_node: InNode, say: Say) -> tuple[Path, str, bool]:
     name = f"{PLUGIN_REPOSITORY}:e2e-{tag}"
     archive = cache_root() / "images" / f"plugin-{tag}.tar"
     if archive.is_file():
+        os.utime(archive)  # in use: see the pruning below
         return archive, name, False
     say(f"real node: building {name} from deployments/container/Dockerfile with buildah")
     storage = cache_root() / "buildah"
@@ -411,7 +415,10 @@ def plugin_image(in_node: InNode, say: Say) -> tuple[Path, str, bool]:
     partial.replace(archive)
     # Keep the cache to the base and this archive: vfs storage copies every layer whole.
     in_node([*common, "rmi", name])
+    # Only archives unused for an hour: another checkout's run on this machine may be
+    # about to import its own archive.
     for stale in archive.parent.glob("plugin-*.tar"):
-        if stale != archive:
-            stale.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            if stale != archive and time.time() - stale.stat().st_mtime > STALE_ARCHIVE_S:
+                stale.unlink()
     return archive, name, True

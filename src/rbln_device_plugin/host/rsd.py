@@ -38,12 +38,13 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
-from rbln_device_plugin.host import smi
+from rbln_device_plugin.host import ownfiles, smi
 from rbln_device_plugin.host.devnodes import DeviceNodeMissing, NotADeviceNode, wait_for_nodes
-from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.host.smi import DiscoveryError, GroupEntry, SmiError, run_smi
 from rbln_device_plugin.model.inventory import is_valid_bus_id
@@ -148,12 +149,12 @@ def npus_for(entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> list[int]
 
 
 def _open_lock_file(path: Path) -> int:
+    """The RSD lock file, opened without following a symlink and checked (see ``ownfiles``):
+    its directory (``/run/rbln`` on the host) is shared with other programs."""
     ensure_dir(path.parent)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    except FileExistsError:
-        return os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    os.fchmod(fd, 0o644)  # the creation mode is filtered by the umask
+    with ownfiles.opened_dir(path.parent) as parent_fd:
+        fd = ownfiles.open_file(parent_fd, path.parent, path.name)
+    assert fd is not None  # created when missing
     return fd
 
 
@@ -164,13 +165,22 @@ async def rsd_lock(
     timeout: float = LOCK_TIMEOUT_S,  # noqa: ASYNC109 - a lock-wait budget
     retry: float = LOCK_RETRY_S,
     metrics: m.Metrics = m.NOOP,
+    hostio: HostIO | None = None,
 ) -> AsyncIterator[int]:
     """Hold an exclusive flock on ``path``; released on every exit path.
 
-    Yields the locked descriptor, for the tools that must hold the lock too.
+    Yields the locked descriptor, for the tools that must hold the lock too. The file is
+    created and opened through ``hostio`` when given: off the event loop, with its bound
+    (``/run/rbln`` is a host directory like any other).
     """
     try:
-        fd = _open_lock_file(path)
+        if hostio is None:
+            fd = _open_lock_file(path)
+        else:
+            opened = await hostio.call(str(path), partial(_open_lock_file, path))
+            if isinstance(opened, Stalled):
+                raise RsdError(f"cannot open RSD lock file {path}: {opened}")
+            fd = opened
     except OSError as exc:
         raise RsdError(f"cannot open RSD lock file {path}: {exc}") from exc
     try:
@@ -238,7 +248,7 @@ async def recreate_rsd_group(
     bad = [bus_id for bus_id in wanted if not is_valid_bus_id(bus_id)]
     if bad:
         raise RsdError(f"invalid bus IDs {bad}")
-    async with rsd_lock(lock_path, timeout=lock_timeout, metrics=metrics) as fd:
+    async with rsd_lock(lock_path, timeout=lock_timeout, metrics=metrics, hostio=hostio) as fd:
 
         async def listing() -> list[GroupEntry]:
             text = await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups", fd, metrics)

@@ -29,7 +29,12 @@ from rbln_device_plugin.host.smi import (
     parse_inventory,
     run_smi,
 )
-from rbln_device_plugin.host.sysfs import pci_device_dir, read_pci_path, read_sriov
+from rbln_device_plugin.host.sysfs import (
+    missing_roots,
+    pci_device_dir,
+    read_pci_path,
+    read_sriov,
+)
 from rbln_device_plugin.model.inventory import (
     Device,
     DeviceFacts,
@@ -40,6 +45,7 @@ from rbln_device_plugin.model.inventory import (
     SriovFacts,
     inventory_from,
     screen,
+    with_sysfs_missing,
 )
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
@@ -131,6 +137,8 @@ class Scanner:
         self._screening = Screening(())
         self._parse_problems: tuple[Problem, ...] = ()
         self._last_inventory: Inventory | None = None
+        # Some device's PCI directory did not exist in the last facts read.
+        self._unseen = False
 
     def locate(self) -> Path:
         # Looked up per scan: the driver package may be installed after the daemon starts.
@@ -146,8 +154,15 @@ class Scanner:
         except SmiError as exc:
             raise DiscoveryError(str(exc)) from exc
         inventory = await self.inventory(text)
-        self.problems.update(inventory.problems)
-        return ScanResult(resources=inventory.resources, problems=inventory.problems)
+        problems: Sequence[Problem] = inventory.problems
+        if self._unseen:  # only then can the whole root be missing: look why
+            missing = await self._hostio.call(
+                str(self.sysfs_root), partial(missing_roots, self.sysfs_root)
+            )
+            if not isinstance(missing, Stalled) and missing:  # a slow look proves nothing
+                problems = with_sysfs_missing(str(self.sysfs_root), missing, problems)
+        self.problems.update(problems)
+        return ScanResult(resources=inventory.resources, problems=tuple(problems))
 
     async def inventory(self, text: str) -> Inventory:
         """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""
@@ -187,13 +202,14 @@ class Scanner:
             for bus_id, result in zip(need_sriov, results, strict=False):
                 facts = result if isinstance(result, SriovFacts) else SriovFacts(error=str(result))
                 sriov[bus_id] = facts
-                if not facts.error:  # an indeterminate state is read again next scan
+                if not facts.error and not facts.unseen:  # read again next scan
                     cache.sriov[bus_id] = facts
             for bus_id, result in zip(need_path, results[len(need_sriov) :], strict=True):
                 if isinstance(result, Stalled | SriovFacts):
                     paths[bus_id] = None  # unknown for now; read again next scan
                 else:
                     paths[bus_id] = cache.pci_paths[bus_id] = result
+        self._unseen = any(facts.unseen for facts in sriov.values())
         facts_by_bus = {
             r.bus_id: DeviceFacts(sriov=sriov[r.bus_id], pci_path=paths[r.bus_id]) for r in records
         }

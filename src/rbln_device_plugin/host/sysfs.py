@@ -190,6 +190,8 @@ def _read_count(path: str) -> int:
 def read_sriov(root: Path | str, bus_id: str) -> SriovFacts:
     """VF or PF, and the VF count that decides the resource; never raises."""
     device_dir = pci_device_dir(root, bus_id)
+    if not os.path.isdir(device_dir):
+        return SriovFacts(unseen=True)
     physfn = os.path.join(device_dir, "physfn")
     try:
         target = os.readlink(physfn)
@@ -216,6 +218,20 @@ def read_sriov(root: Path | str, bus_id: str) -> SriovFacts:
         return SriovFacts()  # no SR-IOV capability: a plain PF
     except ValueError as exc:
         return SriovFacts(error=str(exc))
+
+
+PCI_DEVICES: Final = ("bus", "pci", "devices")
+DRIVER_CLASS: Final = ("class", "rebellions")
+
+
+def missing_roots(root: Path | str) -> tuple[str, ...]:
+    """The sysfs directories the daemon reads that do not exist, when the PCI one is
+    among them (a sysfs root that cannot be the host's); () otherwise."""
+    pci = os.path.join(root, *PCI_DEVICES)
+    if os.path.isdir(pci):
+        return ()
+    driver = os.path.join(root, *DRIVER_CLASS)
+    return (pci,) if os.path.isdir(driver) else (pci, driver)
 
 
 def read_device_facts(root: Path | str, bus_id: str) -> DeviceFacts:

@@ -168,6 +168,7 @@ async def gather(cfg: config.Config) -> HostFacts:
         lambda: tuple(sysfs.list_sysfs_devices(root)),
     )
     devices = () if isinstance(listed, Stalled) else listed
+    missing = await io.call(str(root), partial(sysfs.missing_roots, root))
     bus_ids, names = wanted_reads(outcome.entries, devices)
     facts = await io.map(
         [Call(sysfs.pci_device_dir(root, b), partial(sysfs.read_device_facts, root, b))
@@ -183,6 +184,7 @@ async def gather(cfg: config.Config) -> HostFacts:
         },
         statuses=statuses,
         config=cfg.describe(),
+        sysfs_missing=() if isinstance(missing, Stalled) else missing,
     )
 
 

@@ -40,6 +40,9 @@ class HostFacts:
     facts: Mapping[str, DeviceFacts] = field(default_factory=dict)  # by lowercase BDF
     statuses: Mapping[str, StatusReading] = field(default_factory=dict)  # by device name
     config: Mapping[str, Any] = field(default_factory=dict)  # Config.describe()
+    # The sysfs directories that do not exist when the PCI one is among them (see
+    # ``sysfs.missing_roots``): the sysfs root is not the host's.
+    sysfs_missing: tuple[str, ...] = ()
 
 
 def wanted_reads(

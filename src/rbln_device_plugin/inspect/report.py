@@ -21,6 +21,10 @@ from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
 from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.health import HealthHistory, StatusReading
 from rbln_device_plugin.model.inventory import (
+    SYSFS_MISSING_HINT,
+    SYSFS_MISSING_KIND,
+    SYSFS_MISSING_MSG,
+    UNSEEN_KIND,
     VF_RESOURCES,
     Device,
     DeviceFacts,
@@ -136,6 +140,19 @@ class _Explainer:
         self.host = host
         self.rows: list[Row] = []
         self.findings: list[Finding] = [] if host.smi.ok else [_discovery_finding(host.smi)]
+        if host.sysfs_missing:
+            self.findings.append(
+                Finding(
+                    Severity.ERROR,
+                    SYSFS_MISSING_KIND,
+                    SYSFS_MISSING_MSG,
+                    details={
+                        "path": host.sysfs_missing[0],
+                        "missing": list(host.sysfs_missing),
+                        "hint": SYSFS_MISSING_HINT,
+                    },
+                )
+            )
         self.tables: dict[str, dict[str, Entry]] = {}
         self._sysfs_bus_ids = {d.bus_id for d in host.sysfs_devices if d.bus_id is not None}
         self._sysfs_names = {d.name for d in host.sysfs_devices if d.name is not None}
@@ -218,7 +235,10 @@ class _Explainer:
                     details={"reason": reason},
                 )
             )
-        order = {"discovery-failed": 0, "rbln-smi-not-found": 0, "nothing-advertised": 2}
+        order = {
+            "discovery-failed": 0, "rbln-smi-not-found": 0, SYSFS_MISSING_KIND: 0,
+            "nothing-advertised": 2,
+        }  # fmt: skip
         findings = sorted(
             self.findings, key=lambda f: (order.get(f.kind, 1), _natural(f.device, f.bus_id))
         )
@@ -338,6 +358,7 @@ _SHORT_REASONS: Final[Mapping[str, str]] = {
     "duplicate": "duplicate entry",
     "sriov-indeterminate": "indeterminate SR-IOV state",
     "malformed-entry": "malformed rbln-smi entry",
+    UNSEEN_KIND: "sysfs does not show it",
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -57,6 +58,7 @@ class ResourcePlugin:
         self._socket_identity: paths.FileIdentity | None = None
         self._registered = False
         self._registration: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Task[None] | None = None
 
     @property
     def registered(self) -> bool:
@@ -81,16 +83,22 @@ class ResourcePlugin:
             self.socket_path.unlink()
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        # Recorded before any await: a stop that lands while this starts (a shutdown in
+        # the middle of a scan) finds the server and its socket and removes both.
+        self._server = server
         # Anyone who can connect can call Allocate and tear down a pod's RSD group: the
         # socket is created 0600 whatever the process umask (bind happens right here).
         with paths.umask(0o177):
             bound = server.add_insecure_port(f"unix:{self.socket_path}")
         if bound == 0:
             raise RuntimeError(f"cannot listen on {self.socket_path}")
-        os.chmod(self.socket_path, 0o600)
-        await server.start()
-        self._server = server
         self._socket_identity = paths.file_identity(self.socket_path)
+        # No chmod: it would follow a symlink swapped in since the bind. The umask above
+        # already made the socket 0600; check that what is there now is that socket.
+        info = os.lstat(self.socket_path)
+        if not stat.S_ISSOCK(info.st_mode) or stat.S_IMODE(info.st_mode) & 0o177:
+            raise RuntimeError(f"{self.socket_path} was replaced right after it was bound")
+        await server.start()
 
     def socket_intact(self) -> bool:
         """False when something deleted or replaced our socket file."""
@@ -99,7 +107,18 @@ class ResourcePlugin:
             and paths.file_identity(self.socket_path) == self._socket_identity
         )
 
+    def begin_stop(self) -> asyncio.Task[None]:
+        """Start stopping (once; later calls get the same task) without waiting for it."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop_once())
+        return self._stopping
+
     async def stop(self) -> None:
+        """Stop serving and remove the socket. A cancelled caller does not cut the stop
+        short: it runs to its end, and a later call waits for the same one."""
+        await asyncio.shield(self.begin_stop())
+
+    async def _stop_once(self) -> None:
         await self.state.close()
         if self._registration is not None:
             self._registration.cancel()

@@ -10,7 +10,6 @@ cost more than the search.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import weakref
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.waits import in_thread
 
 log = get_logger()
 _MAX_LOGGED_IDS = 16
@@ -77,7 +77,7 @@ async def choose(
             result = search()
         else:
             # Keep the loop free for other resources' ListAndWatch and Allocate meanwhile.
-            result = await asyncio.to_thread(search)
+            result = await in_thread(search, f"preferred {resource}")
     except topology.Fallback as exc:
         _fallback(resource, size, exc.reason, request)
         metrics.preferred_allocation(resource, m.PREFERRED_FALLBACK, time.monotonic() - started)

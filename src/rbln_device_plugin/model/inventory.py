@@ -76,6 +76,9 @@ class SriovFacts:
     vf_count: int | None = None
     # Non-empty when the state could not be determined; the device is then not advertised.
     error: str = ""
+    # The device's PCI directory does not exist (a sysfs root that is not the host's, or
+    # not mounted): nothing says whether it is a VF or hosts VFs (see ``resource_for``).
+    unseen: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +243,62 @@ def screen_records(records: Iterable[SmiRecord]) -> Iterator[tuple[SmiRecord, Pr
         yield (record if bus_id == record.bus_id else replace(record, bus_id=bus_id)), None
 
 
+UNSEEN_KIND: Final = "sysfs-unseen"
+UNSEEN_MSG: Final = "Skipping device that sysfs does not show"
+# A VF's PCI device ID is its PF's + 1 (CR03 2030 -> 2031, CR13 2130 -> 2131); ATOM
+# cards have no SR-IOV, their +1 ids are listed only so a VF is never taken for a PF.
+_VF_DEVICE_IDS: Final = frozenset({"2031", "2131", "1121", "1221", "1251"})
+_WHOLE_ONLY_PRODUCT_PREFIX: Final = "RBLN-CA"  # ATOM: never partitioned
+
+
+def looks_like_vf(record: SmiRecord) -> bool:
+    """A VF by what rbln-smi says alone: its name (``rbln<N>-<K>``) or its PCI device ID."""
+    return "-" in record.name or record.pci_device_id.lower().removeprefix("0x") in _VF_DEVICE_IDS
+
+
+def _unseen(record: SmiRecord) -> tuple[str | None, Problem | None]:
+    """Without sysfs: only a device that cannot be partitioned is known to be whole."""
+    if not looks_like_vf(record) and record.product.startswith(_WHOLE_ONLY_PRODUCT_PREFIX):
+        return RESOURCE_NPU, None
+    reason = (
+        "a VF by its rbln-smi name or PCI device ID; its partition mode cannot be read"
+        if looks_like_vf(record)
+        else "a REBEL PF whose partitioning cannot be read: it may host VFs"
+    )
+    return None, Problem(f"{UNSEEN_KIND}:{record.name}:{record.bus_id}", UNSEEN_MSG,
+                         _fields(record, reason=reason))  # fmt: skip
+
+
+SYSFS_MISSING_KIND: Final = "sysfs-missing"
+SYSFS_MISSING_MSG: Final = (
+    "sysfs does not show the host's PCI devices; VFs and REBEL PFs are not advertised"
+)
+SYSFS_MISSING_HINT: Final = (
+    "the daemon needs the host's sysfs at --sysfs-root / SYSFS_ROOT: the chart's privileged "
+    "container sees it at /sys; a deployment that is not privileged must mount the host's "
+    "/sys (hostPath /sys) and point --sysfs-root at it"
+)
+
+
+def with_sysfs_missing(
+    sysfs_root: str, missing: Sequence[str], problems: Sequence[Problem]
+) -> list[Problem]:
+    """One problem for a sysfs root that shows no PCI devices, in place of one per device
+    skipped for it (the cause is the same for all of them)."""
+    skipped = [str(p.fields.get("device")) for p in problems if p.kind == UNSEEN_KIND]
+    summary = Problem(
+        f"{SYSFS_MISSING_KIND}:{missing[0]}",
+        SYSFS_MISSING_MSG,
+        {"path": missing[0], "missing": list(missing), "sysfsRoot": sysfs_root,
+         "skippedDevices": skipped, "hint": SYSFS_MISSING_HINT},
+    )  # fmt: skip
+    return [summary, *(p for p in problems if p.kind != UNSEEN_KIND)]
+
+
 def resource_for(record: SmiRecord, sriov: SriovFacts) -> tuple[str | None, Problem | None]:
     """The resource a device is advertised under, or None (with a Problem if noteworthy)."""
+    if sriov.unseen:
+        return _unseen(record)
     if sriov.error:
         return None, Problem(
             f"sriov-indeterminate:{record.name}:{record.bus_id}",

@@ -24,45 +24,46 @@ Without tracing and with stdout drained, the exit comes within 5 s of the signal
 README's promise). A host read that never returns holds nothing: it runs on a daemon
 thread that is never joined. A second signal during all this exits at once with
 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), skipping what is left.
+Signals are handled on a thread of their own from before the first record until the
+process ends (see ``signals``): one that arrives before this loop exists stops it the
+moment it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 import time
 import warnings
-from types import FrameType
 from typing import Final
 
 from rbln_device_plugin import options
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.kubelet.services import SharedServices
+from rbln_device_plugin.runtime import signals as shutdown_signals
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
-from rbln_device_plugin.runtime.instancelock import InstanceLock, InstanceLockError
+from rbln_device_plugin.runtime.instancelock import ANCHOR_NAME, InstanceLock, InstanceLockError
 from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager, ScanHooks
+from rbln_device_plugin.runtime.signals import ShutdownSignals
 from rbln_device_plugin.runtime.watchdog import ScanWatchdog
-from rbln_device_plugin.telemetry import logs, metrics_setup, tracing
 from rbln_device_plugin.telemetry import metrics as m
+from rbln_device_plugin.telemetry import metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
 
-SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 SHUTDOWN_BUDGET_S: Final = 4.0
-# The last record before an immediate exit gets this long to reach stdout.
-IMMEDIATE_EXIT_FLUSH_S: Final = 1.0
 
 log = get_logger()
 
 
 def run(config: Config) -> int:
     """Run the daemon until a shutdown signal; return the process exit code."""
+    signals = shutdown_signals.install()  # normally done by cli, before the first record
     _watch_children_with_pidfds()
     try:
-        return asyncio.run(_serve(config))
+        return asyncio.run(_serve(config, signals))
     except Exception as exc:
         log.error("Unexpected internal error; exiting", err=exc, exc_info=True)
         return options.EXIT_FAILURE
@@ -85,35 +86,17 @@ def _watch_children_with_pidfds() -> None:
         asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
 
 
-def _exit_now(signum: int, _frame: FrameType | None = None) -> None:
-    """A second shutdown signal: one record, a short flush, then exit without cleanup."""
-    code = 128 + signum
-    logs.last_words(
-        "Second shutdown signal received; exiting at once",
-        IMMEDIATE_EXIT_FLUSH_S, signal=signal.Signals(signum).name, exitCode=code,
-    )  # fmt: skip
-    os._exit(code)
-
-
-async def _serve(config: Config) -> int:
+async def _serve(config: Config, signals: ShutdownSignals) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    received: list[signal.Signals] = []
+    signals.attach(loop, stop)  # stop is set now if a signal came before the loop
+    try:
+        return await _serve_attached(config, signals, stop)
+    finally:
+        signals.detach()
 
-    def on_signal(sig: signal.Signals) -> None:
-        if received:
-            _exit_now(sig)
-        log.info("Shutdown signal received", signal=sig.name)
-        received.append(sig)
-        stop.set()
-        # From now on a signal is handled by the interpreter itself, not by a callback of
-        # this loop: the exit works even if the shutdown below got stuck on the loop.
-        for other in SHUTDOWN_SIGNALS:
-            signal.signal(other, _exit_now)
 
-    for sig in SHUTDOWN_SIGNALS:
-        loop.add_signal_handler(sig, on_signal, sig)
-
+async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asyncio.Event) -> int:
     health: HealthService | None = None
     if config.healthcheck_enabled:
         health = HealthService(config.healthcheck_port)
@@ -125,7 +108,7 @@ async def _serve(config: Config) -> int:
     else:
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
-    instance = InstanceLock(config.kubelet_dir)
+    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME)
     recorder = await metrics_setup.start(config)  # before any wait: a waiting instance shows
     try:
         try:
@@ -136,28 +119,28 @@ async def _serve(config: Config) -> int:
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
             if not waited or not await instance.acquire(stop):
                 await recorder.shutdown()
-                log.info("Shutdown complete", signal=received[0].name if received else None)
+                log.info("Shutdown complete", signal=_name(signals))
                 return options.EXIT_OK
         except InstanceLockError as exc:
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
         recorder.instance_state(m.STATE_SERVING)
-        return await _serve_locked(config, stop, received, health, instance, recorder)
+        return await _serve_locked(config, stop, signals, health, instance, recorder)
     finally:
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
         if health is not None:
             await health.stop(grace=0.2)
-        for sig in SHUTDOWN_SIGNALS:
-            loop.remove_signal_handler(sig)  # back to the default action...
-            if received:  # ...except that a second signal still exits at once, as promised
-                signal.signal(sig, _exit_now)
+
+
+def _name(signals: ShutdownSignals) -> str | None:
+    return signals.first.name if signals.first is not None else None
 
 
 async def _serve_locked(
     config: Config,
     stop: asyncio.Event,
-    received: list[signal.Signals],
+    signals: ShutdownSignals,
     health: HealthService | None,
     instance: InstanceLock,
     recorder: m.Metrics,
@@ -215,19 +198,23 @@ async def _serve_locked(
         stop.set()
         if health is not None:
             await health.set_ready(False)
+        failed_before = manager_task.done()  # its failure, if any, is reported above
         try:
             await asyncio.wait_for(asyncio.shield(manager_task), SHUTDOWN_BUDGET_S)
         except TimeoutError:
             log.warning("Device manager did not stop in time; cancelling")
             manager_task.cancel()
             await asyncio.gather(manager_task, return_exceptions=True)
-        except Exception:
-            pass  # already reported above
+        except Exception as exc:
+            if not failed_before:
+                # Stopping itself failed: sockets may be left, and that must be heard.
+                log.error("Device manager failed while stopping", err=exc, exc_info=True)
+                exit_code = options.EXIT_FAILURE
         watchdog.close()
         await asyncio.gather(traces.shutdown(), recorder.shutdown())
         log.info(
             "Shutdown complete",
-            signal=received[0].name if received else None,
+            signal=_name(signals),
             durationMs=round((time.monotonic() - started) * 1000, 1),
         )
     finally:

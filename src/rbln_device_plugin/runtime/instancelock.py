@@ -17,6 +17,20 @@ That file is locked too, after the first one, so an older instance on the node (
 upgrade with surge) and this one still wait for each other. The kubelet may delete it:
 it is then simply locked again.
 
+The kubelet's directory itself can go, though (deleted and made again by hand, or by a
+node reset script): with it go both files, a waiting instance would lock new ones at
+once, and for the moment until the holder noticed, two instances would answer ready.
+So the first lock, the one a second instance waits on, is anchored outside it, beside
+the RSD lock (``<dir of --rsd-lock-path>/rbln-device-plugin.instance.lock``; the chart
+puts that directory on the host's ``/run/rbln``, which no kubelet cleans). That
+directory is by definition the one every instance on the node shares; deriving the
+anchor from it needs no new setting, and a deployment without a shared RSD lock
+directory keeps the kubelet-directory locks as before.
+
+Every file is opened relative to its directory's descriptor, never through a symlink,
+and checked before it is written (see ``host.ownfiles``): whatever else sits in the way
+is renamed aside with a warning.
+
 A lock that is no longer ours (its file was deleted or replaced and someone else now
 holds the new one, or it cannot be locked again at all) means two daemons could serve
 the node: ``check`` reports it and the daemon exits rather than share the node. The lock
@@ -30,19 +44,22 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from rbln_device_plugin.host import inotify
-from rbln_device_plugin.host.paths import ensure_subdir, file_identity
+from rbln_device_plugin.host import inotify, ownfiles
+from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
 
 LOCK_DIR: Final = "rbln-device-plugin"
 LOCK_NAME: Final = "instance.lock"
 LEGACY_LOCK_NAME: Final = "rbln-device-plugin.lock"
+# Beside the RSD lock (the chart: /run/rbln on the host), see the module docstring.
+ANCHOR_NAME: Final = "rbln-device-plugin.instance.lock"
 RETRY_S: Final = 0.5
 FALLBACK_POLL_S: Final = 1.0
 _PID_BYTES: Final = 32
@@ -68,11 +85,47 @@ class LockLoss:
 
 
 class _LockFile:
-    def __init__(self, path: Path, kubelet_dir: Path, *, legacy: bool) -> None:
+    """One lock file. ``parent_owned``: its directory is the daemon's to create (the anchor
+    under ``/run/rbln``); otherwise it lies in the kubelet's directory, which only the
+    kubelet makes, optionally inside a subdirectory of the daemon's own (``subdir``)."""
+
+    def __init__(
+        self, path: Path, kubelet_dir: Path, *, legacy: bool, subdir: str | None = None,
+        parent_owned: bool = False,
+    ) -> None:  # fmt: skip
         self.path = path
         self.kubelet_dir = kubelet_dir
         self.legacy = legacy
+        self.subdir = subdir
+        self.parent_owned = parent_owned
         self.fd: int | None = None
+
+    def _open(self, create: bool) -> int | None:
+        """The lock file's descriptor, every step relative to its parent's, never followed
+        (see ``ownfiles``); None when it (or the kubelet's directory) is missing."""
+        top = self.path.parent if self.subdir is None else self.path.parent.parent
+        if self.parent_owned and create:
+            ensure_dir(top)
+        try:
+            top_fd = ownfiles.open_dir(top)
+        except (FileNotFoundError, NotADirectoryError):
+            # The kubelet's directory is the kubelet's to create: while it is gone (the
+            # manager waits for it and says so), nothing is locked or made.
+            return None
+        try:
+            if self.subdir is None:
+                return ownfiles.open_file(top_fd, top, self.path.name, create=create)
+            sub_fd = ownfiles.open_subdir(top_fd, top, self.subdir, create=create)
+            if sub_fd is None:
+                return None
+            try:
+                return ownfiles.open_file(sub_fd, self.path.parent, self.path.name, create=create)
+            finally:
+                os.close(sub_fd)
+        except FileNotFoundError:
+            return None  # the directory went meanwhile
+        finally:
+            os.close(top_fd)
 
     def try_lock(self, *, create: bool = True) -> bool | None:
         """Lock the file now at ``path``; False while another process holds it.
@@ -80,23 +133,14 @@ class _LockFile:
         With ``create`` false a missing file is left missing (None).
         """
         while True:
-            if not self.kubelet_dir.is_dir():
-                # The kubelet's directory is the kubelet's to create: while it is gone
-                # (the manager waits for it and says so), nothing is locked or made.
-                return None
             try:
-                if create and not self.legacy:
-                    # Our own directory inside the kubelet's, never the kubelet's itself
-                    # (it may have gone since the check above).
-                    ensure_subdir(self.kubelet_dir, self.path.parent.name)
-                flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-                fd = os.open(self.path, flags, 0o644)
-            except FileNotFoundError:
-                if create and self.kubelet_dir.is_dir():
-                    raise InstanceLockError(f"cannot create {self.path}") from None
-                return None
+                fd = self._open(create)
+            except ownfiles.UnsafeEntry as exc:
+                raise InstanceLockError(str(exc)) from exc
             except OSError as exc:
                 raise InstanceLockError(f"cannot open {self.path}: {exc}") from exc
+            if fd is None:
+                return None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -109,8 +153,8 @@ class _LockFile:
                 break
             # Deleted or replaced between open and flock: a lock on it guards nothing.
             os.close(fd)
+        # A regular file of ours, checked on its descriptor (ownfiles): safe to write.
         with contextlib.suppress(OSError):
-            os.fchmod(fd, 0o644)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.close()  # a lock on a file that is gone from the path
@@ -122,7 +166,11 @@ class _LockFile:
 
     def _is_current(self, fd: int) -> bool:
         info = os.fstat(fd)
-        return file_identity(self.path) == (info.st_dev, info.st_ino, info.st_mtime_ns)
+        try:
+            now = os.lstat(self.path)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
 
     def close(self) -> None:
         # The file stays: unlinking it would let a waiter lock a file nobody else can see.
@@ -132,17 +180,35 @@ class _LockFile:
 
     def holder(self) -> int | str:
         try:
-            with open(self.path, "rb") as handle:
-                text = handle.read(_PID_BYTES).decode("ascii", errors="replace").strip()
+            # Never followed, never blocking (a named pipe planted there stays unread).
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return "unknown"
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "unknown"
+            text = os.pread(fd, _PID_BYTES, 0).decode("ascii", errors="replace").strip()
+        except OSError:
+            return "unknown"
+        finally:
+            os.close(fd)
         return int(text) if text.isdigit() else "unknown"
 
 
 class InstanceLock:
-    def __init__(self, kubelet_dir: Path) -> None:
-        self._primary = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False)
+    def __init__(self, kubelet_dir: Path, anchor: Path | None = None) -> None:
+        self._primary = _LockFile(
+            kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False, subdir=LOCK_DIR
+        )
         self._legacy = _LockFile(kubelet_dir / LEGACY_LOCK_NAME, kubelet_dir, legacy=True)
+        # The anchor comes first: it is where a second instance waits, and nothing that
+        # happens to the kubelet's directory frees it while its holder lives.
+        self._locks: tuple[_LockFile, ...] = (self._primary, self._legacy)
+        if anchor is not None:
+            self._locks = (
+                _LockFile(anchor, kubelet_dir, legacy=False, parent_owned=True),
+                *self._locks,
+            )
         self.path = self._primary.path
         self.lost = asyncio.Event()
         self.loss: LockLoss | None = None
@@ -155,7 +221,7 @@ class InstanceLock:
         """
         started = time.monotonic()
         reported = False
-        for lock in (self._primary, self._legacy):
+        for lock in self._locks:
             while not (locked := lock.try_lock()):
                 if locked is not None and not reported:  # None: no kubelet directory yet
                     log.error(
@@ -184,7 +250,7 @@ class InstanceLock:
         """
         if self.loss is not None:
             return False
-        for lock in (self._primary, self._legacy):
+        for lock in self._locks:
             if lock.fd is None or lock.intact():
                 continue
             try:
@@ -217,5 +283,5 @@ class InstanceLock:
         )  # fmt: skip
 
     def release(self) -> None:
-        self._legacy.close()
-        self._primary.close()
+        for lock in reversed(self._locks):
+            lock.close()

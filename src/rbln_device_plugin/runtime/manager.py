@@ -177,10 +177,13 @@ class Manager:
 
     async def _stop_absent(self, wanted: Mapping[str, Sequence[Device]]) -> None:
         for resource in sorted(set(self.plugins) - set(wanted)):
-            plugin = self.plugins.pop(resource)
-            self._histories.pop(resource, None)
+            # Kept in self.plugins until stopped: a stop of the loop meanwhile (see run)
+            # still finds it, so its server and socket never outlive the daemon.
+            plugin = self.plugins[resource]
             await plugin.update(())  # every device disappears, and is logged as such
             await plugin.stop()
+            del self.plugins[resource]
+            self._histories.pop(resource, None)
             self._registration_failures.pop(resource, None)
             log.info("Stopped device plugin for absent resource", resourceName=resource)
 
@@ -242,6 +245,8 @@ class Manager:
                 self._histories.setdefault(resource, HealthHistory()),
                 self._stream_lost,
             )
+            # Recorded before it starts, for the same reason as in _stop_absent.
+            self.plugins[resource] = plugin
             try:
                 await plugin.start()
             except (OSError, RuntimeError) as exc:
@@ -250,8 +255,8 @@ class Manager:
                     resourceName=resource, socketPath=str(plugin.socket_path), err=exc,
                 )  # fmt: skip
                 await plugin.stop()
+                del self.plugins[resource]
                 return
-            self.plugins[resource] = plugin
         await plugin.update(devices)
         if not self._kubelet_down:
             plugin.register_in_background(partial(self._registration_ended, plugin))
@@ -306,8 +311,20 @@ class Manager:
         task.add_done_callback(self._tasks.discard)
 
     async def _stop_all(self) -> None:
-        plugins, self.plugins = self.plugins, {}
-        await asyncio.gather(*(plugin.stop() for plugin in plugins.values()))
+        # Every stop begins before the first await, and each runs to its end even if this
+        # is cancelled (see ResourcePlugin.stop); a plugin leaves self.plugins only once
+        # it has stopped, so a later call (run's finally) still waits for it.
+        stopping = {
+            resource: (plugin, plugin.begin_stop()) for resource, plugin in self.plugins.items()
+        }
+        outcomes = await asyncio.gather(
+            *(asyncio.shield(task) for _, task in stopping.values()), return_exceptions=True
+        )
+        for (resource, (plugin, _)), outcome in zip(stopping.items(), outcomes, strict=True):
+            if self.plugins.get(resource) is plugin:
+                del self.plugins[resource]
+            if isinstance(outcome, Exception):
+                log.error("Cannot stop device plugin cleanly", resourceName=resource, err=outcome)
 
     # ----------------------------------------------------------------- kubelet
     def _kubelet_restarted(self) -> None:

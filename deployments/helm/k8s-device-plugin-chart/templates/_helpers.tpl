@@ -138,8 +138,8 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- fail "devicePlugin.metrics.otlp.enabled: OTLP metrics need devicePlugin.otlpEndpoint (the collector)" }}
 {{- end }}
 {{- $export := include "rbln-device-plugin.durationSeconds" $metrics.otlp.exportInterval | float64 }}
-{{- if or (gt $export 86400.0) (not (gt $export 0.0)) }}
-{{- fail (printf "devicePlugin.metrics.otlp.exportInterval: %s is not a positive duration of at most 24h" $metrics.otlp.exportInterval) }}
+{{- if or (gt $export 86400.0) (lt $export 1.0) }}
+{{- fail (printf "devicePlugin.metrics.otlp.exportInterval: %s is not a duration from 1s to 24h" $metrics.otlp.exportInterval) }}
 {{- end }}
 {{- if and $metrics.service.enabled (not $metrics.prometheus.enabled) }}
 {{- fail "devicePlugin.metrics.service.enabled: the Service needs devicePlugin.metrics.prometheus.enabled" }}

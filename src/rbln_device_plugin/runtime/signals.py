@@ -1,0 +1,125 @@
+"""Shutdown signals, handled from before the first record until the process ends.
+
+A signal handler that runs Python code on the main thread interrupts whatever that
+thread was doing, possibly inside the log queue's lock, and runs only when the main
+thread next executes bytecode. So no Python handler does anything here: the C-level
+handler writes the signal's number to a wakeup socket (``signal.set_wakeup_fd``), and a
+thread of its own reads it at once, whatever the main thread is doing:
+
+- the first SIGTERM, SIGINT, SIGHUP or SIGQUIT: one record ``Shutdown signal received``
+  and the daemon's stop event set (on its loop, thread-safely). Before the loop exists
+  it is remembered, and the loop stops the moment it attaches: an orderly exit 0;
+- any later one: the forced exit, ``128 +`` the signal's number, after one record
+  ``Second shutdown signal received; exiting at once`` with its bounded flush. This
+  thread is never the one holding the log queue's lock, so the record is not dropped.
+
+The handlers stay installed until the process ends (nothing restores the default
+action, which would kill the process without a record), and SIGINT never raises
+``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+from typing import Final
+
+from rbln_device_plugin.telemetry import logs
+from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.waits import call_soon_threadsafe
+
+SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# The last record before a forced exit gets this long to reach stdout.
+IMMEDIATE_EXIT_FLUSH_S: Final = 1.0
+RECEIVED_MSG: Final = "Shutdown signal received"
+FORCED_EXIT_MSG: Final = "Second shutdown signal received; exiting at once"
+
+log = get_logger()
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    """The Python-level handler: the work happens on the signal thread (see above)."""
+
+
+class ShutdownSignals:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.first: signal.Signals | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name="shutdown-signals", daemon=True)
+
+    def install(self) -> None:
+        """From the main thread: route every shutdown signal to this object, for good."""
+        self._thread.start()
+        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        for sig in SHUTDOWN_SIGNALS:
+            signal.signal(sig, _ignore)
+
+    def attach(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+        """The running daemon's loop and stop event; set at once if a signal came first."""
+        with self._lock:
+            self._loop, self._stop = loop, stop
+            if self.first is not None:
+                stop.set()
+
+    def detach(self) -> None:
+        with self._lock:
+            self._loop = self._stop = None
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data = self._reader.recv(64)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            for signum in data:
+                self._received(signum)
+
+    def _received(self, signum: int) -> None:
+        try:
+            sig = signal.Signals(signum)
+        except ValueError:
+            return
+        if sig not in SHUTDOWN_SIGNALS:
+            return
+        with self._lock:
+            second = self.first is not None
+            if not second:
+                self.first = sig
+            loop, stop = self._loop, self._stop
+        if second:
+            self._exit_now(sig)
+        log.info(RECEIVED_MSG, signal=sig.name)
+        if loop is not None and stop is not None:
+            call_soon_threadsafe(loop, stop.set)
+
+    @staticmethod
+    def _exit_now(sig: signal.Signals) -> None:
+        code = 128 + sig.value
+        log.warning(FORCED_EXIT_MSG, signal=sig.name, exitCode=code)
+        logs.flush(IMMEDIATE_EXIT_FLUSH_S)
+        os._exit(code)
+
+
+_installed: ShutdownSignals | None = None
+
+
+def installed() -> bool:
+    return _installed is not None
+
+
+def install() -> ShutdownSignals:
+    """The process's shutdown signal handling, installed on the first call."""
+    global _installed
+    if _installed is None:
+        _installed = ShutdownSignals()
+        _installed.install()
+    return _installed

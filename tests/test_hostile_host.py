@@ -1,0 +1,273 @@
+"""A hostile or careless host, through the real daemon: what sits where the daemon's own
+files belong (symlinks, stray files, hard links) is never followed or written, and the
+kubelet's directory deleted under a running daemon never makes two instances ready."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from rbln_device_plugin.host.ownfiles import MOVED_ASIDE_MSG
+from rbln_device_plugin.runtime.instancelock import (
+    ANCHOR_NAME,
+    LEGACY_LOCK_NAME,
+    LOCK_DIR,
+    LOCK_NAME,
+)
+from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+
+from .daemon_process import DaemonProcess
+from .fault_helpers import NPU, launch
+from .probes import health, health_port
+from .test_inspect_cli import device, report
+from .test_tracing import receiver
+
+HEALTH = ["--healthcheck-port", "0"]
+VICTIM_TEXT = "".join(f"line {n}: precious\n" for n in range(10))
+WAITING = (
+    "Another rbln-device-plugin instance serves this kubelet directory; waiting for it to exit"
+)
+RELOCKED = "Instance lock file was deleted or replaced; locked it again"
+
+
+def _victim(root: Path) -> Path:
+    victim = root / "victim"
+    victim.write_text(VICTIM_TEXT)
+    victim.chmod(0o600)
+    return victim
+
+
+def _assert_untouched(victim: Path) -> None:
+    assert victim.read_text() == VICTIM_TEXT
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+def _moved(daemon: DaemonProcess, path: Path) -> dict[str, object]:
+    (record,) = daemon.find(MOVED_ASIDE_MSG, path=str(path))
+    assert record["level"] == "warn"
+    return record
+
+
+async def test_a_symlinked_lock_file_is_moved_aside_never_written_through() -> None:
+    victims: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        victims.append(_victim(node.root))
+        (node.kubelet_dir / LOCK_DIR).mkdir(mode=0o750)
+        for link in (node.kubelet_dir / LOCK_DIR / LOCK_NAME, node.kubelet_dir / LEGACY_LOCK_NAME):
+            link.symlink_to(victims[0])
+        node.rsd_lock_path.parent.mkdir(parents=True, exist_ok=True)
+        (node.rsd_lock_path.parent / ANCHOR_NAME).symlink_to(victims[0])
+        node.rsd_lock_path.symlink_to(victims[0])
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        await h.kubelet.allocate(NPU, [["rbln0"]])  # takes the RSD lock too
+        _assert_untouched(victims[0])
+        for path in (
+            h.node.kubelet_dir / LOCK_DIR / LOCK_NAME,
+            h.node.kubelet_dir / LEGACY_LOCK_NAME,
+            h.node.rsd_lock_path.parent / ANCHOR_NAME,
+            h.node.rsd_lock_path,
+        ):
+            record = _moved(h.daemon, path)
+            assert "symbolic link" in str(record["problem"])
+            assert os.readlink(str(record["movedTo"])) == str(victims[0])
+            assert stat.S_ISREG(path.lstat().st_mode)  # the daemon's own file now
+        assert h.daemon.stop() == 0
+        _assert_untouched(victims[0])
+
+
+async def test_a_symlinked_lock_directory_creates_nothing_where_it_points() -> None:
+    elsewhere: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        outside = node.root / "elsewhere"
+        outside.mkdir()
+        elsewhere.append(outside)
+        (node.kubelet_dir / LOCK_DIR).symlink_to(outside, target_is_directory=True)
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        assert list(elsewhere[0].iterdir()) == []
+        record = _moved(h.daemon, h.node.kubelet_dir / LOCK_DIR)
+        assert "symbolic link" in str(record["problem"])
+        assert (h.node.kubelet_dir / LOCK_DIR).lstat().st_mode & stat.S_IFDIR
+        assert not (h.node.kubelet_dir / LOCK_DIR).is_symlink()
+        assert h.daemon.stop() == 0
+        assert list(elsewhere[0].iterdir()) == []
+
+
+async def test_a_hard_link_in_place_of_the_lock_file_is_not_truncated() -> None:
+    victims: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        victims.append(_victim(node.kubelet_dir.parent))
+        os.link(victims[0], node.kubelet_dir / LEGACY_LOCK_NAME)
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        record = _moved(h.daemon, h.node.kubelet_dir / LEGACY_LOCK_NAME)
+        assert "hard links" in str(record["problem"])
+        _assert_untouched(victims[0])
+
+
+async def test_a_stray_file_where_the_lock_directory_belongs_does_not_stop_the_node() -> None:
+    def plant(node: SimNode) -> None:
+        (node.kubelet_dir / LOCK_DIR).write_text("left by an old script\n")
+
+    async with launch("rebel-4", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        record = _moved(h.daemon, h.node.kubelet_dir / LOCK_DIR)
+        assert "regular file, not a directory" in str(record["problem"])
+        moved = Path(str(record["movedTo"]))
+        assert moved.parent == h.node.kubelet_dir
+        assert moved.read_text() == "left by an old script\n"
+        assert str(moved) in str(record["hint"])
+        assert (h.node.kubelet_dir / LOCK_DIR / LOCK_NAME).is_file()
+        assert not [r for r in h.daemon.records if r.get("level") == "error"]
+
+
+async def test_a_kubelet_directory_deleted_and_recreated_never_makes_two_instances_ready() -> None:
+    # A slow schedule: the holder makes its kubelet-directory locks again only at its next
+    # scan, which is when an instance waiting on those files alone would have taken over.
+    async with launch("rebel-4", interval="3s", extra_args=HEALTH) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        first_port = await health_port(h.daemon)
+        second = DaemonProcess([*h.node.daemon_args("3s"), *HEALTH])
+        try:
+            await second.await_log(WAITING)
+            second_port = await health_port(second)
+            assert await health(first_port, "readiness") == "SERVING"
+            samples: list[tuple[str, str]] = []
+            await h.kubelet.stop()
+            shutil.rmtree(h.node.kubelet_dir)
+            h.node.kubelet_dir.mkdir()
+            relocks_before = len(h.daemon.find(RELOCKED))
+            # Sample both every 20 ms until the holder has locked the new files and a
+            # waiter's retry (0.5 s) and first scan have had time to follow.
+            after_relock = 0
+            while after_relock < 75:
+                pair = await asyncio.gather(
+                    health(first_port, "readiness"), health(second_port, "readiness")
+                )
+                samples.append((pair[0], pair[1]))
+                if len(h.daemon.find(RELOCKED)) > relocks_before or after_relock:
+                    after_relock += 1
+                assert len(samples) < 2000, "the holder never locked the new files"
+                await asyncio.sleep(0.02)
+            assert ("SERVING", "SERVING") not in samples
+            assert not second.find("Instance lock acquired; starting")
+            assert h.daemon.proc.poll() is None
+            assert (h.node.kubelet_dir / LOCK_DIR / LOCK_NAME).is_file()
+        finally:
+            second.kill()
+
+
+SYSFS_MISSING = "sysfs does not show the host's PCI devices; VFs and REBEL PFs are not advertised"
+
+
+async def test_a_missing_sysfs_root_never_advertises_a_vf_or_an_unknown_pf_as_a_whole_npu() -> None:
+    async with launch("rebel-sriov", extra_args=["--sysfs-root", "/nonexistent"]) as h:
+        (record,) = await h.daemon.await_log(SYSFS_MISSING)
+        assert record["level"] == "error"
+        assert record["path"] == "/nonexistent/bus/pci/devices"
+        assert "/sys" in str(record["hint"])
+        skipped = set(record["skippedDevices"])
+        assert {"rbln0-0", "rbln0-3", "rbln1-0", "rbln1", "rbln2", "rbln3"} <= skipped
+        # Several scans later: still one record, and nothing offered under any resource.
+        await h.daemon.await_log("Reconciled device inventory", count=4)
+        assert len(h.daemon.find(SYSFS_MISSING)) == 1
+        assert not h.daemon.find("Skipping device that sysfs does not show")
+        assert not h.daemon.find("Registered device plugin with kubelet")
+        assert h.sockets() == ["kubelet.sock"]
+        assert h.daemon.stop() == 0
+
+
+async def test_a_missing_sysfs_root_on_an_atom_node_still_offers_its_whole_npus() -> None:
+    async with launch("atom-max-8", extra_args=["--sysfs-root", "/nonexistent"]) as h:
+        view = await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 32)
+        assert {d.health for d in view.devices} == {"Healthy"}  # the spec's compatibility default
+        (record,) = await h.daemon.await_log(SYSFS_MISSING)
+        assert record["skippedDevices"] == []
+
+
+def test_inspect_reports_a_missing_sysfs_root_as_an_error() -> None:
+    root = short_tempdir()
+    try:
+        node = materialize(preset("rebel-sriov"), root)
+        document, code = report(node, "--sysfs-root", "/nonexistent")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert code == 1
+    (finding,) = [f for f in document["problems"] if f["kind"] == "sysfs-missing"]
+    assert finding["severity"] == "error" and finding["message"] == SYSFS_MISSING
+    assert finding["details"]["path"] == "/nonexistent/bus/pci/devices"
+    assert device(document, "rbln0-0")["resourceName"] is None
+    assert device(document, "rbln2")["resourceName"] is None
+
+
+# ------------------------------------------------------------------------------ settings
+IGNORED = "Setting ignored; using its default"
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "named"),
+    [
+        ({"METRICS_PORT": "\uff18\uff10"}, [], "METRICS_PORT (environment"),
+        ({"METRICS_PORT": " 9464"}, [], "METRICS_PORT (environment"),
+        ({"DEVICE_SCAN_INTERVAL": "\uff15s"}, [], "DEVICE_SCAN_INTERVAL (environment"),
+        ({"DEVICE_SCAN_INTERVAL": "5s "}, [], "DEVICE_SCAN_INTERVAL (environment"),
+        ({"SCAN_STALL_LIMIT": "1ns"}, [], "SCAN_STALL_LIMIT (environment"),
+        ({"METRICS_EXPORT_INTERVAL": "1ns"}, [], "METRICS_EXPORT_INTERVAL (environment"),
+        ({}, ["--rsd-lock-path", "run/rsd.lock"], "--rsd-lock-path (command line)"),
+        ({}, ["--dev-root", "dev"], "--dev-root (command line)"),
+    ],
+)
+def test_settings_go_refuses_stop_the_daemon_with_a_usage_error(
+    env: dict[str, str], args: list[str], named: str
+) -> None:
+    daemon = DaemonProcess(["--healthcheck-port", "-1", *args], env=env)
+    assert daemon.proc.wait(30) == 2
+    daemon.stop()  # collects the rest of its output
+    (record,) = daemon.find("Invalid command line")
+    assert str(record["err"]).startswith(named), record
+    assert f"rbln-device-plugin: error: {named}" in daemon.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"OTEL_TRACES_EXPORTER": ""}, None),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, "OTEL_TRACES_EXPORTER"),
+        ({"METRICS_PORT": "tcp://10.0.0.1:9464"}, "METRICS_PORT"),
+    ],
+)
+async def test_settings_opentelemetry_and_kubernetes_define_are_never_a_crash_loop(
+    env: dict[str, str], warned: str | None
+) -> None:
+    async with (
+        receiver() as (collector, port),
+        launch("rebel-4", env=env, extra_args=["--otlp-endpoint", f"127.0.0.1:{port}"]) as h,
+    ):
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        ignored = h.daemon.find(IGNORED)
+        if warned is None:
+            assert ignored == []
+        else:
+            (record,) = ignored
+            assert record["level"] == "warn" and str(record["setting"]).startswith(warned)
+            assert record["value"] == env[warned]
+        # Traces still go to the endpoint, as with the variable unset.
+        await h.kubelet.allocate(NPU, [["rbln0"]])
+        await collector.wait_spans(1)
+        if "METRICS_PORT" in env:
+            assert not h.daemon.find("Started metrics endpoint")
+        assert h.daemon.stop() == 0
