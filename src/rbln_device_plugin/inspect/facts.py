@@ -12,6 +12,7 @@ from typing import Any
 
 from rbln_device_plugin.host.smi import ParsedEntry
 from rbln_device_plugin.host.sysfs import SysfsDevice
+from rbln_device_plugin.model.cdispec import Verdict
 from rbln_device_plugin.model.health import StatusReading
 from rbln_device_plugin.model.inventory import DeviceFacts, is_valid_bus_id, is_valid_name
 
@@ -40,6 +41,7 @@ class HostFacts:
     facts: Mapping[str, DeviceFacts] = field(default_factory=dict)  # by lowercase BDF
     statuses: Mapping[str, StatusReading] = field(default_factory=dict)  # by device name
     config: Mapping[str, Any] = field(default_factory=dict)  # Config.describe()
+    cdi: Verdict | None = None  # the CDI spec check, as the daemon makes it
 
 
 def wanted_reads(

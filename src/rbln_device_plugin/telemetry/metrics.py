@@ -38,6 +38,8 @@ SMI_CANCELLED: Final = "cancelled"
 LOCK_TIMEOUT: Final = "timeout"
 SCAN_DISCOVERY_FAILED: Final = "discovery_failed"
 REGISTRATION_FAILED: Final = "failed"
+# Whether a CDI spec defines every device the answers name (model.cdispec.CdiState).
+CDI_SPEC_STATES: Final = ("present", "missing", "unknown")
 
 
 class Metrics:
@@ -91,6 +93,9 @@ class Metrics:
 
     def host_read_stalled(self) -> None:
         """A host read outlived its wait (the warn record ``Host access did not finish``)."""
+
+    def cdi_spec(self, state: str) -> None:
+        """The CDI spec check's outcome: one of CDI_SPEC_STATES."""
 
     async def shutdown(self) -> None:
         """Stop the endpoint and flush the last push, bounded; never blocks the loop."""

@@ -27,7 +27,13 @@ from rbln_device_plugin.config import Config
 from rbln_device_plugin.durations import format_duration
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.telemetry import exposition, logs, otlp
-from rbln_device_plugin.telemetry.metrics import NOOP, OK, Metrics, status_label
+from rbln_device_plugin.telemetry.metrics import (
+    CDI_SPEC_STATES,
+    NOOP,
+    OK,
+    Metrics,
+    status_label,
+)
 from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint, MetricsEndpointError
 
 PREFIX: Final = "rbln_device_plugin"
@@ -48,6 +54,7 @@ class OtelMetrics(Metrics):
         self._pull = pull
         self._render_lock = threading.Lock()
         self._tables: dict[str, Mapping[str, Entry]] = {}
+        self._cdi_state: str | None = None  # None until the first check
         self.endpoint: MetricsEndpoint | None = None
         meter = provider.get_meter(PREFIX, __version__)
 
@@ -123,6 +130,10 @@ class OtelMetrics(Metrics):
             f"{PREFIX}.device.healthy", [self._observe_healthy], "",
             "1 when the device is Healthy, 0 when Unhealthy")  # fmt: skip
         meter.create_observable_gauge(
+            f"{PREFIX}.cdi.spec", [self._observe_cdi], "",
+            "1 for the CDI spec check's current state: present, missing or unknown "
+            "(the daemon cannot tell)")  # fmt: skip
+        meter.create_observable_gauge(
             f"{PREFIX}.build.info", [self._observe_build], "",
             "Always 1; the plugin's version as a label")  # fmt: skip
 
@@ -186,6 +197,9 @@ class OtelMetrics(Metrics):
     def host_read_stalled(self) -> None:
         self._stalls.add(1)
 
+    def cdi_spec(self, state: str) -> None:
+        self._cdi_state = state  # a str swap: collection threads read either value
+
     # ------------------------------------------------------------- collection (any thread)
     def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:
         return list(self._tables.items())  # the loop replaces the dict, never edits it
@@ -210,6 +224,11 @@ class OtelMetrics(Metrics):
 
     def _observe_dropped(self, _: CallbackOptions) -> Iterable[Observation]:
         yield Observation(logs.dropped_total())
+
+    def _observe_cdi(self, _: CallbackOptions) -> Iterable[Observation]:
+        current = self._cdi_state
+        for state in CDI_SPEC_STATES:
+            yield Observation(int(state == current), {"state": state})
 
     def _observe_build(self, _: CallbackOptions) -> Iterable[Observation]:
         yield Observation(1, {"version": __version__})
