@@ -473,8 +473,15 @@ def test_no_device_line_says_whether_rbln_smi_ran(tmp_path: Path) -> None:
 def test_help_lists_only_the_flags_that_change_the_report() -> None:
     done = run(["--help"])
     assert done.returncode == 0 and done.stdout == ""
-    for shown in ("--sysfs-root", "--rbln-smi", "--output", "--preferred", "--must-include",
-                  "--cdi-root", "--cdi-static-dir"):  # the CDI spec check reads both
+    for shown in (
+        "--sysfs-root",
+        "--rbln-smi",
+        "--output",
+        "--preferred",
+        "--must-include",
+        "--cdi-root",
+        "--cdi-static-dir",
+    ):  # the CDI spec check reads both
         assert shown in done.stderr
     for hidden in ("--cdi-mode", "--healthcheck-port", "--device-scan-interval",
                    "--otlp-endpoint", "--rsd-lock-path", "--test-file-device-nodes"):  # fmt: skip
