@@ -102,6 +102,7 @@ class Manager:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._clean_cdi()
+        await self._check_cdi_spec()  # once before the first scan: its record comes first
         watcher = asyncio.create_task(self.kubelet_socket_watch.run(stop), name="kubelet-watch")
         loop = asyncio.get_running_loop()
         interval = self._config.scan_interval
