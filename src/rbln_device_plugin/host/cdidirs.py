@@ -20,9 +20,11 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Final
 
+from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.model.cdispec import (
     FileState,
     SpecDir,
@@ -139,6 +141,15 @@ def _read_file(fd: int, name: str, path: str) -> SpecFile:
     except SpecError as exc:
         return SpecFile(path, FileState.MALFORMED, reason=str(exc))
     return SpecFile(path, FileState.USABLE, spec=spec)
+
+
+async def read_spec_dirs(io: HostIO, reader: SpecDirReader, paths: Sequence[str]) -> list[SpecDir]:
+    """Every directory through ``io`` (one bounded call each); a stalled one is not visible."""
+    results = await io.map([Call(path, partial(reader.read, path)) for path in paths])
+    return [
+        SpecDir(path, error=f"not listed: {result}") if isinstance(result, Stalled) else result
+        for path, result in zip(paths, results, strict=True)
+    ]
 
 
 def read_spec_dir(path: str) -> SpecDir:

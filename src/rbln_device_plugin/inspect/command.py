@@ -26,13 +26,13 @@ from typing import Final
 
 from rbln_device_plugin import __version__, config, options
 from rbln_device_plugin.host import smi, sysfs
-from rbln_device_plugin.host.cdidirs import SpecDirReader
+from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
 from rbln_device_plugin.inspect.preferred import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
 from rbln_device_plugin.inspect.report import RESOURCES, build_report
-from rbln_device_plugin.model.cdispec import RUNTIME_DEVICE, SpecDir, Verdict, resolve
+from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, Verdict, resolve
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, DeviceFacts, SriovFacts
 from rbln_device_plugin.telemetry import logs
 
@@ -194,14 +194,8 @@ async def gather(cfg: config.Config) -> HostFacts:
 
 async def check_cdi(cfg: config.Config, io: HostIO) -> Verdict:
     """The daemon's CDI spec check: the same directories, reader and rules."""
-    reader = SpecDirReader()
     paths = [str(path) for path in cfg.cdi_spec_dirs]
-    results = await io.map([Call(path, partial(reader.read, path)) for path in paths])
-    dirs = [
-        SpecDir(path, error=f"not listed: {result}") if isinstance(result, Stalled) else result
-        for path, result in zip(paths, results, strict=True)
-    ]
-    return resolve(dirs, (RUNTIME_DEVICE,))
+    return resolve(await read_spec_dirs(io, SpecDirReader(), paths), REFERENCED_DEVICES)
 
 
 def _stalled_facts(stalled: Stalled) -> DeviceFacts:

@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import Final
 
 from rbln_device_plugin.api.v1beta1 import api_pb2
-from rbln_device_plugin.model.cdispec import RUNTIME_DEVICE
+from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, RUNTIME_DEVICE
 from rbln_device_plugin.telemetry.logs import get_logger
 
 ANNOTATION_KEY: Final = "cdi.k8s.io/rebellions.ai_npu"
 ANNOTATION_VALUE: Final = RUNTIME_DEVICE
-# The qualified CDI devices every answer references, whatever the mode.
-REFERENCED_DEVICES: Final = (RUNTIME_DEVICE,)
 TRANSIENT_SPEC_PREFIX: Final = "rebellions.ai-npu_"
 
 log = get_logger()

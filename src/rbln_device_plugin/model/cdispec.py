@@ -27,9 +27,10 @@ from typing import Any, Final
 
 import yaml
 
-# The devices the daemon's answers reference (annotation value and cdi_devices name).
+# The devices the daemon's answers reference (annotation value, cdi_devices names).
 KIND: Final = "rebellions.ai/npu"
 RUNTIME_DEVICE: Final = f"{KIND}=runtime"
+REFERENCED_DEVICES: Final = (RUNTIME_DEVICE,)
 SPEC_SUFFIXES: Final = (".json", ".yaml")
 
 # cdiVersion values the library accepts, and what each feature needs at least.
@@ -337,7 +338,7 @@ class Verdict:
     conflicts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device -> files
 
 
-def resolve(dirs: Sequence[SpecDir], wanted: Iterable[str] = (RUNTIME_DEVICE,)) -> Verdict:
+def resolve(dirs: Sequence[SpecDir], wanted: Iterable[str] = REFERENCED_DEVICES) -> Verdict:
     """Whether the runtimes' CDI cache, built from ``dirs`` (lowest priority first),
     resolves every wanted device."""
     wanted_t = tuple(wanted)

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from functools import partial
 from typing import Any, Final
 
 from rbln_device_plugin.config import Config
-from rbln_device_plugin.host.cdidirs import SpecDirReader
-from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
-from rbln_device_plugin.kubelet.cdi import REFERENCED_DEVICES
-from rbln_device_plugin.model.cdispec import CdiState, SpecDir, Verdict, resolve
+from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, CdiState, Verdict, resolve
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import Metrics
 
@@ -51,13 +49,7 @@ class CdiSpecCheck:
         self._malformed_seen: dict[str, str] = {}
 
     async def check(self) -> Verdict:
-        results = await self._hostio.map(
-            [Call(path, partial(self._reader.read, path)) for path in self._dirs]
-        )
-        dirs = [
-            SpecDir(path, error=f"not listed: {result}") if isinstance(result, Stalled) else result
-            for path, result in zip(self._dirs, results, strict=True)
-        ]
+        dirs = await read_spec_dirs(self._hostio, self._reader, self._dirs)
         verdict = resolve(dirs, REFERENCED_DEVICES)
         previous, self.verdict = self.verdict, verdict
         self._report(previous, verdict)
