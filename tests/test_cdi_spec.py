@@ -3,16 +3,20 @@ the directories' precedence, and hostile files on a real directory (never a cras
 
 from __future__ import annotations
 
+import asyncio
 import os
 import string
+import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rbln_device_plugin import config
 from rbln_device_plugin.host import cdidirs
 from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dir
+from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.model import cdispec
 from rbln_device_plugin.model.cdispec import (
     CdiState,
@@ -23,6 +27,8 @@ from rbln_device_plugin.model.cdispec import (
     validate_device_name,
     validate_vendor_or_class,
 )
+from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
+from rbln_device_plugin.telemetry.metrics import NOOP
 
 RUNTIME = "rebellions.ai/npu=runtime"
 GOOD = """\
@@ -262,3 +268,45 @@ def test_the_listing_cap_leaves_the_rest_unchecked(
     listed = read_spec_dir(str(tmp_path))
     assert len(listed.files) == 3 and listed.truncated == 2
     assert resolve([listed]).state is CdiState.UNKNOWN
+
+
+# ---------------------------------------------------------------- the daemon's check
+class HangingReader(SpecDirReader):
+    """A spec directory on a hung mount: listing it never returns until released."""
+
+    def __init__(self, hung: str) -> None:
+        super().__init__()
+        self.hung, self.release = hung, threading.Event()
+
+    def read(self, path: str) -> cdispec.SpecDir:
+        if path == self.hung:
+            self.release.wait(30)
+        return super().read(path)
+
+
+async def test_a_hung_spec_directory_is_cannot_tell_within_the_host_io_bound(
+    tmp_path: Path,
+) -> None:
+    etc, run = tmp_path / "etc", tmp_path / "run"
+    etc.mkdir()
+    run.mkdir()
+    cfg = config.resolve({"cdi_static_dir": str(etc), "cdi_root": str(run)}, {})
+    check = CdiSpecCheck(cfg, HostIO(timeout=0.3), NOOP)
+    reader = HangingReader(str(etc))
+    check._reader = reader  # the hung mount stands in for a real one
+    try:
+        verdict = await asyncio.wait_for(check.check(), 10)
+        assert verdict.state is CdiState.UNKNOWN
+        assert "did not finish" in verdict.unseen[str(etc)]
+        # While it is still stuck, the next check answers at once, still "cannot tell".
+        again = await asyncio.wait_for(check.check(), 10)
+        assert "still blocked" in again.unseen[str(etc)]
+    finally:
+        reader.release.set()
+    (run / "rbln.yaml").write_text(GOOD)
+    for _ in range(100):  # the released read returns; then the spec in run/ is found
+        verdict = await check.check()
+        if verdict.state is CdiState.PRESENT:
+            break
+        await asyncio.sleep(0.05)
+    assert verdict.state is CdiState.PRESENT
