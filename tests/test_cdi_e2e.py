@@ -13,7 +13,7 @@ from rbln_device_plugin_sim.node import TOOLKIT_CDI_SPEC, SimNode
 
 from .metrics_helpers import metrics_port, scrape_until, value
 from .simnode import running
-from .test_inspect_cli import report
+from .test_inspect_cli import inspect, report
 
 NPU = "rebellions.ai/npu"
 RUNTIME = "rebellions.ai/npu=runtime"
@@ -102,6 +102,9 @@ async def test_missing_spec_warns_once_and_its_arrival_ends_it_without_a_restart
         assert code == 0 and document["cdi"]["state"] == "missing"
         kinds = [p["kind"] for p in document["problems"]]
         assert kinds == ["cdi-spec-missing"]
+        table = inspect(h.node).stdout
+        assert f"cdi:      {RUNTIME} MISSING from every spec directory (see problems)" in table
+        assert "OK: 4 devices advertised, 0 errors, 1 warning (exit 0)" in table
         # Allocate answers as it always does: runtimes without CDI work without the spec.
         without_spec = answer(await h.kubelet.allocate(NPU, [["rbln0"]]))
         assert without_spec[1] == ANNOTATION
@@ -173,6 +176,7 @@ async def test_a_spec_directory_it_cannot_see_is_cannot_tell_never_missing() -> 
         assert not h.daemon.find(MISSING) and len(h.daemon.find(UNKNOWN)) == 1
         document, _ = report(h.node)
         assert [p["kind"] for p in document["problems"]] == ["cdi-spec-unknown"]
+        assert f"cdi:      {RUNTIME}: cannot tell (see problems)" in inspect(h.node).stdout
         # The toolkit writes its spec into the visible directory: found.
         (h.node.cdi_root / "rbln.yaml").write_text(TOOLKIT_CDI_SPEC)
         (found,) = await h.daemon.await_log(FOUND)
