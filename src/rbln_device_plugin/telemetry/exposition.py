@@ -7,6 +7,11 @@ add nothing), a monotonic sum is a counter ending in ``_total``, any other sum o
 is a gauge, and a histogram gives cumulative ``_bucket`` series with ``le`` plus
 ``_sum`` and ``_count``. Attribute keys become label names by the same character rule.
 
+The resource's attributes become one ``target_info`` gauge (OpenTelemetry's rule for a
+pull exporter), so a query can join them in. Two things the SDK cannot express are done
+here: histogram series that should exist at 0 before their first observation (the SDK
+has no data point until something is recorded).
+
 Pure: plain SDK data in, text out (the endpoint and the tests share it).
 """
 
@@ -16,9 +21,11 @@ import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+TARGET_INFO: Final = "target_info"
 
 _INVALID_NAME_CHARS: Final = re.compile(r"[^a-zA-Z0-9_:]+")
 _INVALID_LABEL_CHARS: Final = re.compile(r"[^a-zA-Z0-9_]+")
@@ -110,6 +117,33 @@ def _kind(data: Any) -> str:
     return "gauge"  # Gauge, and a non-monotonic Sum (an up-down counter)
 
 
+@dataclass(frozen=True, slots=True)
+class ZeroHistogram:
+    """A histogram series shown at 0 until the SDK has a data point for it."""
+
+    name: str  # the instrument's name, as the SDK reports it
+    unit: str
+    description: str
+    bounds: Sequence[float]
+    attributes: Mapping[str, str]
+
+    @property
+    def count(self) -> int:
+        return 0
+
+    @property
+    def sum(self) -> int:
+        return 0
+
+    @property
+    def explicit_bounds(self) -> Sequence[float]:
+        return self.bounds
+
+    @property
+    def bucket_counts(self) -> Sequence[int]:
+        return [0] * (len(self.bounds) + 1)
+
+
 def _histogram_lines(name: str, point: Any) -> Iterable[str]:
     cumulative = 0
     bounds: Sequence[float] = point.explicit_bounds
@@ -121,12 +155,18 @@ def _histogram_lines(name: str, point: Any) -> Iterable[str]:
     yield f"{name}_count{_labels(point.attributes)} {point.count}"
 
 
-def render(metrics_data: Any) -> str:
-    """Every metric of an SDK ``MetricsData`` as exposition text (families sorted by name)."""
+def render(metrics_data: Any, zeros: Sequence[ZeroHistogram] = ()) -> str:
+    """Every metric of an SDK ``MetricsData`` as exposition text (families sorted by name).
+
+    ``zeros`` are added where the data has no point with their attributes.
+    """
     families: dict[str, tuple[str, str, list[str]]] = {}
+    seen: set[tuple[str, str]] = set()
+    target: dict[str, str] = {}
     if metrics_data is None:
         return ""
     for resource_metrics in metrics_data.resource_metrics:
+        target.update((k, str(v)) for k, v in resource_metrics.resource.attributes.items())
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 kind = _kind(metric.data)
@@ -134,10 +174,19 @@ def render(metrics_data: Any) -> str:
                 _, _, lines = families.setdefault(name, (kind, metric.description or "", []))
                 for point in metric.data.data_points:
                     if kind == "histogram":
+                        seen.add((name, _labels(point.attributes)))
                         lines.extend(_histogram_lines(name, point))
                     else:
                         lines.append(f"{name}{_labels(point.attributes)} "
                                      f"{format_value(point.value)}")  # fmt: skip
+    for zero in zeros:
+        name = metric_name(zero.name, zero.unit, "histogram")
+        if (name, _labels(zero.attributes)) in seen:
+            continue
+        _, _, lines = families.setdefault(name, ("histogram", zero.description, []))
+        lines.extend(_histogram_lines(name, zero))
+    if target and families:
+        families[TARGET_INFO] = ("gauge", "Target metadata", [f"{TARGET_INFO}{_labels(target)} 1"])
     out: list[str] = []
     for name in sorted(families):
         kind, description, lines = families[name]

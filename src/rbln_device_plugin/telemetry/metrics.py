@@ -41,6 +41,26 @@ REGISTRATION_FAILED: Final = "failed"
 # Whether a CDI spec defines every device the answers name (model.cdispec.CdiState).
 CDI_SPEC_STATES: Final = ("present", "missing", "unknown")
 
+# Every value each label can take, in the README's order: the series the daemon knows in
+# advance, created at 0 so that the first event of each kind is already an increase.
+ALLOCATE_RESULTS: Final = (
+    OK, ALLOCATE_INVALID_REQUEST, ALLOCATE_UNHEALTHY, ALLOCATE_DEVICE_NODE,
+    ALLOCATE_RSD_LOCK, ALLOCATE_RSD_GROUP, ALLOCATE_INTERNAL,
+)  # fmt: skip
+PREFERRED_RESULTS: Final = (OK, PREFERRED_FALLBACK, PREFERRED_INTERNAL)
+REGISTRATION_RESULTS: Final = (OK, REGISTRATION_FAILED)
+SMI_SUBCOMMANDS: Final = ("list", "group_list", "group_create", "group_destroy", "other")
+SMI_RESULTS: Final = (OK, SMI_ERROR, SMI_TIMEOUT, SMI_NOT_STARTED, SMI_OUTPUT_TOO_LARGE,
+                      SMI_CANCELLED)  # fmt: skip
+LOCK_RESULTS: Final = (OK, LOCK_TIMEOUT)
+SCAN_RESULTS: Final = (OK, SCAN_DISCOVERY_FAILED)
+
+# What the instance is doing (the instance_state gauge: 1 for the current state, 0 else).
+STATE_WAITING_FOR_KUBELET_DIR: Final = "waiting_for_kubelet_dir"
+STATE_WAITING_FOR_LOCK: Final = "waiting_for_lock"
+STATE_SERVING: Final = "serving"
+INSTANCE_STATES: Final = (STATE_WAITING_FOR_KUBELET_DIR, STATE_WAITING_FOR_LOCK, STATE_SERVING)
+
 
 class Metrics:
     """The recorder with metrics off: every method is a no-op.
@@ -75,6 +95,9 @@ class Metrics:
     def devices(self, resource: str, entries: Mapping[str, Entry] | None) -> None:
         """The resource's devices as last published (None: the resource plugin stopped).
 
+        The first call for a resource is its plugin's start: the resource's known series
+        appear at 0 then; its device series go at the stop.
+
         ``entries`` must not be mutated afterwards: collection reads it from another
         thread (``DeviceTable`` replaces its mapping on each scan, never edits it).
         """
@@ -96,6 +119,9 @@ class Metrics:
 
     def cdi_spec(self, state: str) -> None:
         """The CDI spec check's outcome: one of CDI_SPEC_STATES."""
+
+    def instance_state(self, state: str) -> None:
+        """What the instance does now: one of INSTANCE_STATES."""
 
     async def shutdown(self) -> None:
         """Stop the endpoint and flush the last push, bounded; never blocks the loop."""

@@ -27,13 +27,9 @@ from rbln_device_plugin.config import Config
 from rbln_device_plugin.durations import format_duration
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.telemetry import exposition, logs, otlp
-from rbln_device_plugin.telemetry.metrics import (
-    CDI_SPEC_STATES,
-    NOOP,
-    OK,
-    Metrics,
-    status_label,
-)
+from rbln_device_plugin.telemetry import metrics as m
+from rbln_device_plugin.telemetry.exposition import ZeroHistogram
+from rbln_device_plugin.telemetry.metrics import NOOP, OK, Metrics, status_label
 from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint, MetricsEndpointError
 
 PREFIX: Final = "rbln_device_plugin"
@@ -55,17 +51,27 @@ class OtelMetrics(Metrics):
         self._render_lock = threading.Lock()
         self._tables: dict[str, Mapping[str, Entry]] = {}
         self._cdi_state: str | None = None  # None until the first check
+        self._state = m.STATE_WAITING_FOR_KUBELET_DIR
+        self._stopped = False
         self.endpoint: MetricsEndpoint | None = None
         meter = provider.get_meter(PREFIX, __version__)
+        histograms: dict[str, tuple[str, str]] = {}
 
         def counter(name: str, unit: str, description: str) -> Any:
             return meter.create_counter(f"{PREFIX}.{name}", unit, description)
 
         def histogram(name: str, description: str) -> Any:
+            histograms[name] = (f"{PREFIX}.{name}", description)
             return meter.create_histogram(
                 f"{PREFIX}.{name}", "s", description,
                 explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
             )  # fmt: skip
+
+        def zero(name: str, **attributes: str) -> ZeroHistogram:
+            full, description = histograms[name]
+            return ZeroHistogram(full, "s", description, DURATION_BUCKETS, attributes)
+
+        self._zero = zero
 
         self._allocations = counter(
             "allocate.requests", "{request}", "Allocate calls answered, by resource and result"
@@ -136,10 +142,25 @@ class OtelMetrics(Metrics):
         meter.create_observable_gauge(
             f"{PREFIX}.build.info", [self._observe_build], "",
             "Always 1; the plugin's version as a label")  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.instance.state", [self._observe_state], "",
+            "1 for what this instance does now (waiting for the kubelet directory, "
+            "waiting for the instance lock, serving), 0 for the others")  # fmt: skip
 
-        # Counters without labels start at 0, so the first event is an increase in PromQL.
+        # Every series known in advance starts at 0, so the first event is an increase in
+        # PromQL: counters through the SDK (the OTLP push carries them too), histograms of
+        # the success class in the exposition only (a histogram has no zero data point).
         for unlabelled in (self._discovery_failures, self._restarts, self._stalls):
             unlabelled.add(0)
+        for subcommand in m.SMI_SUBCOMMANDS:
+            for result in m.SMI_RESULTS:
+                self._smi_calls.add(0, {"subcommand": subcommand, "result": result})
+        self._node_zeros = (
+            *(zero("rbln_smi.duration", subcommand=sub, result=OK) for sub in m.SMI_SUBCOMMANDS),
+            *(zero("rsd_lock.wait", result=result) for result in m.LOCK_RESULTS),
+            *(zero("scan.duration", result=result) for result in m.SCAN_RESULTS),
+        )
+        self._resource_zeros: dict[str, tuple[ZeroHistogram, ...]] = {}
 
     # ------------------------------------------------------------- events (event loop)
     def allocation(self, resource: str, result: str, seconds: float) -> None:
@@ -176,11 +197,35 @@ class OtelMetrics(Metrics):
             self._disappeared.add(disappeared, {"resource": resource})
 
     def devices(self, resource: str, entries: Mapping[str, Entry] | None) -> None:
+        if entries is not None and resource not in self._tables:
+            self._resource_started(resource)
         # Copy on write: a collecting thread holds the old mapping, never a changing one.
         tables = {name: known for name, known in self._tables.items() if name != resource}
         if entries is not None:
             tables[resource] = entries
         self._tables = tables
+
+    def _resource_started(self, resource: str) -> None:
+        """The resource's known series at 0 (adding 0 keeps a restarted plugin's counts).
+
+        They stay when the plugin stops, as counters do: the stop is when
+        ``devices_disappeared`` counts, and a series gone at that moment would hide the
+        rise from ``increase()``. At most one set per resource, so the count stays bounded.
+        """
+        labels = {"resource": resource}
+        for result in m.ALLOCATE_RESULTS:
+            self._allocations.add(0, {**labels, "result": result})
+        for result in m.PREFERRED_RESULTS:
+            self._preferred.add(0, {**labels, "result": result})
+        for result in m.REGISTRATION_RESULTS:
+            self._registrations.add(0, {**labels, "result": result})
+        for per_resource in (self._capped, self._appeared, self._disappeared, self._streams):
+            per_resource.add(0, labels)
+        if resource not in self._resource_zeros:  # copy on write, as for the tables
+            self._resource_zeros = {**self._resource_zeros, resource: (
+                self._zero("allocate.duration", resource=resource, result=OK),
+                self._zero("preferred_allocation.duration", resource=resource, result=OK),
+            )}  # fmt: skip
 
     def registration(self, resource: str, result: str) -> None:
         self._registrations.add(1, {"resource": resource, "result": result})
@@ -199,6 +244,9 @@ class OtelMetrics(Metrics):
 
     def cdi_spec(self, state: str) -> None:
         self._cdi_state = state  # a str swap: collection threads read either value
+
+    def instance_state(self, state: str) -> None:
+        self._state = state
 
     # ------------------------------------------------------------- collection (any thread)
     def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:
@@ -227,20 +275,31 @@ class OtelMetrics(Metrics):
 
     def _observe_cdi(self, _: CallbackOptions) -> Iterable[Observation]:
         current = self._cdi_state
-        for state in CDI_SPEC_STATES:
+        for state in m.CDI_SPEC_STATES:
             yield Observation(int(state == current), {"state": state})
 
     def _observe_build(self, _: CallbackOptions) -> Iterable[Observation]:
         yield Observation(1, {"version": __version__})
 
+    def _observe_state(self, _: CallbackOptions) -> Iterable[Observation]:
+        now = self._state
+        for state in m.INSTANCE_STATES:
+            yield Observation(int(state == now), {"state": state})
+
     def render(self) -> str:
         """The Prometheus exposition of everything recorded so far (thread-safe)."""
         assert self._pull is not None
+        zeros = [*self._node_zeros]
+        for resource_zeros in self._resource_zeros.values():
+            zeros.extend(resource_zeros)
         with self._render_lock:
-            return exposition.render(self._pull.get_metrics_data())
+            return exposition.render(self._pull.get_metrics_data(), zeros)
 
     # ------------------------------------------------------------- lifecycle
     async def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         if self.endpoint is not None:
             await self.endpoint.stop()
         provider = self._provider
