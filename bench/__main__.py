@@ -1,7 +1,8 @@
 """``make bench``: run every benchmark and print one table (plain text and Markdown).
 
 Figures are printed, never asserted. ``--quick`` shortens the long runs (fewer scans,
-a 15 s instead of 60 s idle window, fewer calls) for a smoke run.
+a 15 s instead of 60 s idle window, fewer calls) for a smoke run; ``--idle-window S``
+sets the idle window of the fast-rbln-smi figures (600 s in a full run).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from . import (
     bench_daemon,
+    bench_fast,
     bench_http,
     bench_lean,
     bench_load,
@@ -65,11 +67,14 @@ def machine() -> str:
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
+    # The fast-rbln-smi idle window: 600 s in a full run, 15 s quick, or as given.
+    idle_window = float(argv[argv.index("--idle-window") + 1]) if "--idle-window" in argv else None
     sections: list[tuple[str, Callable[[bool], list[Row]]]] = [
         ("scan", scan_rows),
         ("preferred allocation", topology_rows),
         ("daemon", bench_daemon.run),
         ("lean", bench_lean.run),
+        ("fast rbln-smi", lambda quick: bench_fast.run(quick, idle_window)),
         ("metrics", bench_metrics.run),
         ("metrics HTTP layer", bench_http.run),
         ("load", bench_load.run),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-AREAS = {"scan", "preferred", "daemon", "lean", "metrics", "load"}
+AREAS = {"scan", "preferred", "daemon", "lean", "fast", "metrics", "load"}
 
 
 @pytest.mark.slow  # the quick run of every benchmark takes minutes

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rbln_device_plugin.host import proc
 from rbln_device_plugin.host.proc import trim_output
 from rbln_device_plugin.host.smi import (
     DiscoveryError,
@@ -201,6 +202,50 @@ async def test_runaway_output_is_capped_and_the_tool_killed(tmp_path: Path) -> N
         await run_smi(tool, ["-j"], 10, max_output=1_000_000)
     pid = int(pidfile.read_text())
     await wait_until(lambda: not alive(pid), 30, "the runaway tool to be gone")
+
+
+async def test_a_tool_that_closes_its_pipes_and_keeps_running_times_out(tmp_path: Path) -> None:
+    # The pipes' EOF is not the end of the run: the exit is, and the deadline still holds.
+    pidfile = tmp_path / "pid"
+    tool = write_tool(
+        tmp_path,
+        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+        "print('early'); sys.stdout.flush(); os.close(1); os.close(2); time.sleep(3600)",
+    )
+    with pytest.raises(SmiError, match=r"timed out after .*and was killed"):
+        await run_smi(tool, ["-j"], 0.5)
+    pid = int(pidfile.read_text())
+    await wait_until(lambda: not alive(pid), 30, "the tool to be gone")
+
+
+async def test_output_in_pieces_and_both_streams_are_read_while_it_runs(tmp_path: Path) -> None:
+    # More than a pipe holds on both streams: unread, the tool would block forever.
+    tool = write_tool(
+        tmp_path,
+        "for i in range(40):\n"
+        "    sys.stdout.write('o' * 8192); sys.stderr.write('e' * 8192)\n"
+        "    sys.stdout.flush(); sys.stderr.flush(); time.sleep(0.001)\n",
+    )
+    assert await run_smi(tool, ["-j"], 10) == "o" * 8192 * 40
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
+async def test_runs_leave_no_process_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfds: bool
+) -> None:
+    # Without pidfds (kernels before 5.3) the exit is polled once the pipes closed.
+    if not pidfds:
+        monkeypatch.setattr(proc, "_pidfd", lambda pid: None)
+    pidfile = tmp_path / "pid"
+    tool = write_tool(
+        tmp_path, f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); print('done'); sys.exit(4)"
+    )
+    with pytest.raises(SmiError, match="exited with code 4"):
+        await run_smi(tool, ["-j"], 5)
+    assert (await run_smi(write_tool(tmp_path, "print('ok')", "ok"), [], 5)).strip() == "ok"
+    pid = int(pidfile.read_text())
+    with pytest.raises(ChildProcessError):  # reaped: no zombie is left to this process
+        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never waits
 
 
 async def test_long_error_output_is_middle_truncated(tmp_path: Path) -> None:

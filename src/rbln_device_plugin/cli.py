@@ -9,9 +9,21 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Final
 
-from rbln_device_plugin import __version__, config, options, resources
-from rbln_device_plugin.telemetry import grpc_relay, logs
+# Modules that are loaded only because a module we need can use them, and that this
+# process never does: asyncio loads ssl, and OpenSSL with it (about 4.5 MiB resident), for
+# TLS streams (this daemon opens none; gRPC, the OTLP exporters' too, has its own TLS);
+# argparse loads shutil, which loads bz2 and lzma for archives. Each of them treats a
+# failed import as "not available". Only before asyncio is loaded: a process that
+# already has it (a test run) is left as it is.
+_NEVER_USED: Final = ("ssl", "bz2", "lzma")
+if "asyncio" not in sys.modules:
+    for _name in _NEVER_USED:
+        sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
+
+from rbln_device_plugin import __version__, config, options, resources  # noqa: E402
+from rbln_device_plugin.telemetry import grpc_relay, logs  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:

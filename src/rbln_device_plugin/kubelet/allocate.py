@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -29,7 +30,7 @@ import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2
 from rbln_device_plugin.host import devnodes, rsd, smi
-from rbln_device_plugin.host.hostio import Stalled
+from rbln_device_plugin.host.hostio import Call, Stalled
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.inventory import Device
@@ -132,6 +133,16 @@ class Prepared:
     rescan_wanted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class FirstLook:
+    """The first round of the containers' host checks, taken beside the final status
+    reads: what sits at each requested device's node (None: usable), and the rbln-smi to
+    run (or why there is none)."""
+
+    node_kinds: Mapping[Path, object]
+    rbln_smi: object
+
+
 class Allocator:
     """Prepares containers from a checked snapshot: device nodes, RSD group, response."""
 
@@ -143,12 +154,39 @@ class Allocator:
         self._metrics = services.metrics
         self._rsd_queue = services.rsd_queue
 
-    async def prepare(self, requested: Sequence[Sequence[str]], snapshot: Snapshot) -> Prepared:
+    async def first_look(
+        self, requested: Sequence[Sequence[str]], known: Mapping[str, Device]
+    ) -> FirstLook | None:
+        """The device nodes' first check and the rbln-smi lookup, in one thread hop.
+
+        Meant to run beside the final status reads (``DeviceState.allocation_snapshot``),
+        which it does not replace: it only stats paths, creates nothing, and runs only
+        once the request passed validation (None otherwise: a bad request touches nothing).
+        """
+        try:
+            distinct = validate_request(self._resource, requested, known)
+        except AllocationError:
+            return None
+        accept_files = self._config.test_file_device_nodes
+        paths = [self._config.dev_root / known[i].name for i in distinct]
+        calls: list[Call[object]] = [
+            Call(str(p), partial(devnodes.node_kind, p, accept_files)) for p in paths
+        ]
+        calls.append(Call(_SMI_LOOKUP, partial(_lookup, self._config.rbln_smi)))
+        *kinds, found = await self._hostio.map(calls)
+        return FirstLook(dict(zip(paths, kinds, strict=True)), found)
+
+    async def prepare(
+        self,
+        requested: Sequence[Sequence[str]],
+        snapshot: Snapshot,
+        first: FirstLook | None = None,
+    ) -> Prepared:
         """Every container in order; the first failure ends the call (no rollback)."""
         response = api_pb2.AllocateResponse()
         for index, ids in enumerate(requested):
             try:
-                container = await self._container(ids, snapshot)
+                container = await self._container(ids, snapshot, first)
             except Exception as exc:
                 self.unworked_spans(
                     requested[index + 1 :], snapshot, None,
@@ -227,7 +265,7 @@ class Allocator:
                 mark_error(span, description[:_MAX_MESSAGE_BYTES])
 
     async def _container(
-        self, ids: Sequence[str], snapshot: Snapshot
+        self, ids: Sequence[str], snapshot: Snapshot, first: FirstLook | None
     ) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         devices = [snapshot[i] for i in ids]
@@ -250,10 +288,7 @@ class Allocator:
             try:
                 dev_root = self._config.dev_root
                 node_paths = [dev_root / d.name for d in devices]
-                await devnodes.wait_for_nodes(
-                    node_paths, self._hostio, accept_files=self._config.test_file_device_nodes
-                )
-                binary = await self._locate_rbln_smi()
+                binary = await self._nodes_and_rbln_smi(node_paths, first)
                 group = await self._recreate_group(binary, devices)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except rsd.DeviceMappingChanged as exc:
@@ -292,16 +327,33 @@ class Allocator:
         )  # fmt: skip
         return response
 
-    async def _locate_rbln_smi(self) -> Path:
+    async def _nodes_and_rbln_smi(
+        self, node_paths: Sequence[Path], first: FirstLook | None
+    ) -> Path:
+        """Wait for the device nodes, then find rbln-smi.
+
+        The first round of both is ``first`` when given (taken beside the status reads),
+        else one thread hop here. Only when a node is not there yet (or is something
+        else) does the usual polling wait follow.
+        """
+        accept_files = self._config.test_file_device_nodes
+        if first is None:
+            checks: list[Call[object]] = [
+                Call(str(p), partial(devnodes.node_kind, p, accept_files)) for p in node_paths
+            ]
+            checks.append(Call(_SMI_LOOKUP, partial(_lookup, self._config.rbln_smi)))
+            *kinds, found = await self._hostio.map(checks)
+        else:
+            kinds = [first.node_kinds.get(p, "missing") for p in node_paths]
+            found = first.rbln_smi
+        if any(kind is not None for kind in kinds):
+            await devnodes.wait_for_nodes(node_paths, self._hostio, accept_files=accept_files)
         # Not finding rbln-smi is a discovery error to the scan; here it fails the group.
-        try:
-            found = await self._hostio.call(
-                "rbln-smi lookup", lambda: smi.locate_rbln_smi(self._config.rbln_smi)
-            )
-        except smi.SmiNotFound as exc:
-            raise rsd.RsdError(str(exc)) from exc
+        if isinstance(found, smi.SmiNotFound):
+            raise rsd.RsdError(str(found)) from found
         if isinstance(found, Stalled):
             raise rsd.RsdError(f"looking for rbln-smi: {found}")
+        assert isinstance(found, Path)
         return found
 
     async def _recreate_group(self, binary: Path, devices: Sequence[Device]) -> rsd.RsdGroup:
@@ -335,6 +387,16 @@ class Allocator:
             )
         finally:
             self._rsd_queue.release()
+
+
+_SMI_LOOKUP: Final = "rbln-smi lookup"
+
+
+def _lookup(configured: Path | None) -> Path | smi.SmiNotFound:
+    try:
+        return smi.locate_rbln_smi(configured)
+    except smi.SmiNotFound as exc:
+        return exc
 
 
 def _ms(started: float) -> float:

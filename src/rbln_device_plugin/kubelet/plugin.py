@@ -22,7 +22,7 @@ from rbln_device_plugin.api import API_VERSION, KUBELET_SOCKET
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.host import paths
 from rbln_device_plugin.kubelet.devicestate import DeviceState
-from rbln_device_plugin.kubelet.servicer import DevicePluginServicer, plugin_options
+from rbln_device_plugin.kubelet.servicer import DevicePluginServicer, load_deferred, plugin_options
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.devicetable import Change
 from rbln_device_plugin.model.health import HealthHistory
@@ -155,6 +155,7 @@ class ResourcePlugin:
                 outcome(exc)
             else:
                 outcome(None)
+                load_deferred()
         finally:
             self._registration = None
 

@@ -7,14 +7,15 @@ containers, then this servicer acts on the outcome (a wanted rescan, the answer)
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import ModuleType
+from typing import Any, TypeVar
 
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.kubelet import preferred
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.devicestate import DeviceState
 from rbln_device_plugin.kubelet.services import SharedServices
@@ -23,6 +24,33 @@ from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def _both(main: Awaitable[A], beside: Awaitable[B]) -> tuple[A, B]:
+    """Both results; ``main``'s failure wins, and ``beside`` is always awaited to its end."""
+    results = await asyncio.gather(main, beside, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results[0], results[1]  # type: ignore[return-value]
+
+
+def _preferred() -> ModuleType:
+    """The preferred-allocation search (the topology package), imported on first use.
+
+    Nothing before Register needs it; ``load_deferred`` imports it right after.
+    """
+    from rbln_device_plugin.kubelet import preferred
+
+    return preferred
+
+
+def load_deferred() -> None:
+    """Import what only the kubelet's requests need (after Register: the start is shorter)."""
+    _preferred()
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -98,7 +126,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for container in request.container_requests:
-            ids = await preferred.choose(self.resource, self._state.table, container, self._metrics)
+            ids = await _preferred().choose(
+                self.resource, self._state.table, container, self._metrics
+            )
             response.container_responses.add(deviceIDs=ids)
         return response
 
@@ -114,14 +144,19 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 # Every container request gets its allocateContainer child, even when the
                 # request is rejected before any container's turn.
                 try:
-                    snapshot = await self._state.allocation_snapshot(requested)
+                    # The containers' first host checks (device nodes, the rbln-smi
+                    # lookup) run beside the final status reads: two thread hops at once.
+                    snapshot, first = await _both(
+                        self._state.allocation_snapshot(requested),
+                        self._allocator.first_look(requested, self._state.devices()),
+                    )
                 except Exception as exc:
                     known = self._state.devices()
                     self._allocator.unworked_spans(
                         requested, known, exc, f"request rejected: {exc}"
                     )
                     raise
-                prepared = await self._allocator.prepare(requested, snapshot)
+                prepared = await self._allocator.prepare(requested, snapshot, first)
                 if prepared.rescan_wanted:
                     self._rescan_wanted.set()
                 if prepared.error is not None:
