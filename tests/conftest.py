@@ -15,6 +15,10 @@ import pytest
 import structlog
 
 from . import kubelet_peer
+from .realnode.fixtures import prepare_session, realnode, realnode_plugin
+
+# The real-node cluster fixtures (tests/realnode/fixtures.py), for every test module.
+__all__ = ["realnode", "realnode_plugin"]
 
 
 @pytest.fixture
@@ -43,6 +47,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Building here keeps a cold build (minutes: module download and compile) out of every
     test's timeout; later sessions reuse the cached binaries.
     """
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    prepare_session(session, reporter.write_line if reporter is not None else print)
     wanted = sorted(
         {
             item.callspec.params["kube"]
@@ -62,7 +68,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     builds = config.stash.setdefault(KUBELET_PEER_BUILDS, {})
     for version in wanted:
         say(f"kubelet peer {version}: looking for a cached build in {kubelet_peer.cache_root()}")
-        build = kubelet_peer.build(version)
+        build = kubelet_peer.build(version, say)
         builds[version] = build
         if build.skip:
             say(f"kubelet peer {version}: skipped: {build.skip}")

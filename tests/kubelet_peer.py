@@ -13,7 +13,6 @@ sockets and no test touches a real kubelet directory.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from . import gobuild
+
 GO_ROOT: Final = Path(__file__).parent / "kubelet-peer"
 # Kubernetes minor -> driver module directory; the exact release is pinned in its go.mod.
 VERSIONS: Final = {"1.34": "kube-1.34", "1.37": "kube-1.37"}
@@ -33,7 +34,6 @@ UNSHARE: Final = ("unshare", "--mount", "--propagation", "private", "--")
 # Diagnosis only: how long a reply or record may take before the test reports what it
 # saw. The waits themselves end on the event.
 REPLY_TIMEOUT_S: Final = 60.0
-BUILD_TIMEOUT_S: Final = 1800.0
 
 Record = dict[str, Any]
 
@@ -55,11 +55,17 @@ class Build:
 
 
 def cache_root() -> Path:
-    override = os.environ.get("RBLN_KUBELET_PEER_CACHE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rbln-device-plugin" / "kubelet-peer"
+    return gobuild.cache_root("kubelet-peer", "RBLN_KUBELET_PEER_CACHE")
+
+
+def target(version: str) -> gobuild.GoTarget:
+    module = VERSIONS[version]
+    return gobuild.GoTarget(
+        name=module,
+        module=GO_ROOT / module,
+        binaries=(gobuild.GoBinary(".", "kubelet-peer"),),
+        sources=(GO_ROOT / "peer",),
+    )
 
 
 def unavailable() -> str:
@@ -78,45 +84,16 @@ def unavailable() -> str:
     return ""
 
 
-def _digest(module: str) -> str:
-    """Sources of the driver and the Go version: what the binary depends on."""
-    go = subprocess.run(["go", "version"], capture_output=True, text=True, check=True)
-    digest = hashlib.sha256(go.stdout.encode())
-    for directory in (GO_ROOT / "peer", GO_ROOT / module):
-        for path in sorted(directory.iterdir()):
-            if path.suffix in (".go", ".mod", ".sum"):
-                digest.update(f"{path.relative_to(GO_ROOT)}\0".encode())
-                digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def build(version: str) -> Build:
+def build(version: str, say: gobuild.Say = print) -> Build:
     """The version's driver binary, from the cache or built now."""
     reason = unavailable()
     if reason:
         return Build(version, skip=reason)
-    module = VERSIONS[version]
-    target = cache_root() / f"{module}-{_digest(module)}" / "kubelet-peer"
-    if target.is_file():
-        return Build(version, binary=target, cached=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".kubelet-peer.{os.getpid()}")
-    started = time.monotonic()
-    env = {**os.environ, "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -mod=readonly".strip()}
-    done = subprocess.run(
-        ["go", "build", "-o", str(partial), "."],
-        cwd=GO_ROOT / module,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        timeout=BUILD_TIMEOUT_S,
-    )
-    seconds = time.monotonic() - started
-    if done.returncode != 0:
-        return Build(version, error=f"go build in {module} failed:\n{done.stderr[-4000:]}")
-    partial.replace(target)
-    return Build(version, binary=target, seconds=seconds)
+    try:
+        directory, seconds, was_cached = gobuild.build(target(version), cache_root(), say)
+    except gobuild.GoBuildError as exc:
+        return Build(version, error=str(exc))
+    return Build(version, binary=directory / "kubelet-peer", seconds=seconds, cached=was_cached)
 
 
 class KubeletPeer:

@@ -51,10 +51,18 @@ async def test_single_container_pf_allocation() -> None:
         assert not list(h.node.cdi_root.glob("*")), "no CDI spec is written"
         (done,) = await h.daemon.await_log("Completed container allocation")
         assert done["deviceIDs"] == ["rbln2", "rbln0"]
-        assert done["busIDs"] == sorted(done["busIDs"])
+        # Each bus ID stands next to its device, in the kubelet's order (not sorted on
+        # its own, which would pair rbln2 with rbln0's address).
+        bus = {d.name: d.bus_id for d in h.node.layout.devices}
+        assert bus["rbln2"] > bus["rbln0"]
+        assert done["busIDs"] == [bus["rbln2"], bus["rbln0"]]
         assert done["hostRsdPath"] == str(dev / "rsd1")
         assert done["durationMs"] >= 400
-        assert h.daemon.find("Starting container allocation", deviceIDs=["rbln2", "rbln0"])
+        assert h.daemon.find(
+            "Starting container allocation",
+            deviceIDs=["rbln2", "rbln0"],
+            busIDs=[bus["rbln2"], bus["rbln0"]],
+        )
         (recreated,) = await h.daemon.await_log("Recreated RSD group")
         assert recreated["level"] == "debug"
         assert 400 <= recreated["durationMs"] <= done["durationMs"]

@@ -184,6 +184,38 @@ async def test_history_survives_disappearance_and_a_kubelet_restart() -> None:
         await h.kubelet.wait_for(NPU, lambda v: v.health("rbln2") == "Healthy")
 
 
+# What the daemon says when the kubelet's streams end because the kubelet exited.
+KUBELET_GONE = "Kubelet is not serving; waiting for it to start again"
+STREAM_LOST = "ListAndWatch stream ended; registering again"
+
+
+async def test_a_kubelet_restart_that_takes_seconds_logs_no_error_and_no_lost_stream() -> None:
+    """A real kubelet restart (seen on the real node, tests/test_realnode.py): the process
+    exits, its kubelet.sock stays behind refusing connections for the seconds until the
+    next kubelet starts. That is a restart, not a lost stream, and no error."""
+    resources = [NPU, VF1, VF4]
+    async with running("rebel-sriov", interval="300ms") as h:
+        for resource in resources:
+            await h.kubelet.wait_for(resource, lambda v: len(v.devices) > 0)
+        mark = len(h.daemon.records)
+        await h.kubelet.die()
+        # The daemon's reaction to the ended streams, before the next kubelet starts.
+        reaction, *_ = await h.daemon.await_log(
+            None, where=lambda r: r["msg"] in (KUBELET_GONE, STREAM_LOST)
+        )
+        await asyncio.sleep(1.0)  # a few scans with the kubelet down: still no error
+        await h.kubelet.start()
+        await h.daemon.await_log("Detected kubelet socket recreation; restarting device plugins")
+        for resource in resources:
+            await h.kubelet.wait_for(resource, lambda v: v.generation >= 2 and v.messages > 0)
+        later = h.daemon.records[mark:]
+        assert reaction["msg"] == KUBELET_GONE and reaction["level"] == "info", reaction
+        assert [r for r in later if r["level"] == "error"] == []
+        assert STREAM_LOST not in [r["msg"] for r in later]
+        # Once per outage, not once per resource or per scan.
+        assert [r["msg"] for r in later].count(KUBELET_GONE) == 1
+
+
 async def test_dropped_stream_is_reregistered() -> None:
     async with running("rebel-4") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)

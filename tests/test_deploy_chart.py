@@ -767,6 +767,47 @@ def test_extra_env_cannot_shadow_a_chart_value(helm: Helm, name: str) -> None:
     assert "extraEnv" in done.stderr
 
 
+SIM_VOLUME = {"name": "simulated-node", "hostPath": {"path": "/srv/npu-node", "type": "Directory"}}
+SIM_MOUNT = {"name": "simulated-node", "mountPath": "/srv/npu-node", "readOnly": True}
+
+
+def test_extra_volumes_are_mounted_in_the_plugin_container(helm: Helm) -> None:
+    ds = daemonset(
+        helm.template(
+            *_set_json("devicePlugin.extraVolumes", [SIM_VOLUME]),
+            *_set_json(f"{PLUGIN}.extraVolumeMounts", [SIM_MOUNT]),
+        )
+    )
+    assert SIM_VOLUME in ds["spec"]["template"]["spec"]["volumes"]
+    assert SIM_MOUNT in plugin_container(ds)["volumeMounts"]
+    assert host_mounts(ds)["/srv/npu-node"] == ("/srv/npu-node", True)
+    # The chart's own mounts stay as they were.
+    assert host_mounts(ds)["/dev"] == ("/dev", False)
+
+
+@pytest.mark.parametrize(
+    ("volumes", "mounts", "words"),
+    [
+        ([{**SIM_VOLUME, "name": "dev"}], [], "the volume name dev is already used by the chart"),
+        ([SIM_VOLUME], [{**SIM_MOUNT, "name": "elsewhere"}], "elsewhere names no volume"),
+        ([SIM_VOLUME], [{**SIM_MOUNT, "mountPath": "/run/rbln"}], "/run/rbln is already used"),
+        ([SIM_VOLUME], [{**SIM_MOUNT, "mountPath": "/var/lib/kubelet/device-plugins/"}],
+         "/var/lib/kubelet/device-plugins is already used by devicePlugin.kubeletDevicePluginPath"),
+        ([SIM_VOLUME], [{**SIM_MOUNT, "mountPath": "srv/x"}], "is not an absolute path"),
+        ([SIM_VOLUME], [SIM_MOUNT, SIM_MOUNT], "/srv/npu-node is already used by the extra mount"),
+    ],
+)  # fmt: skip
+def test_extra_mounts_that_collide_or_dangle_are_refused(
+    helm: Helm, volumes: list[Any], mounts: list[Any], words: str
+) -> None:
+    done = helm.attempt(
+        *_set_json("devicePlugin.extraVolumes", volumes),
+        *_set_json(f"{PLUGIN}.extraVolumeMounts", mounts),
+    )
+    assert refused_by_chart(done), done.stderr
+    assert words in done.stderr
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [
@@ -1040,6 +1081,8 @@ PASSED_THROUGH = {
     "devicePlugin/containers/plugin/securityContext": "io.k8s.api.core.v1.SecurityContext",
     "devicePlugin/containers/plugin/resources": "io.k8s.api.core.v1.ResourceRequirements",
     "devicePlugin/containers/plugin/extraEnv/[]": "io.k8s.api.core.v1.EnvVar",
+    "devicePlugin/containers/plugin/extraVolumeMounts/[]": "io.k8s.api.core.v1.VolumeMount",
+    "devicePlugin/extraVolumes/[]": "io.k8s.api.core.v1.Volume",
     "devicePlugin/tolerations/[]": "io.k8s.api.core.v1.Toleration",
     "devicePlugin/affinity": "io.k8s.api.core.v1.Affinity",
     "devicePlugin/updateStrategy": "io.k8s.api.apps.v1.DaemonSetUpdateStrategy",

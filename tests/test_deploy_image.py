@@ -43,15 +43,24 @@ def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     )
 
 
+def instructions(path: Path = DOCKERFILE) -> list[tuple[str, list[str]]]:
+    """(INSTRUCTION, words) per instruction; continuation lines joined."""
+    lines = path.read_text().replace("\\\n", " ").splitlines()
+    return [
+        (line.split()[0].upper(), line.split()[1:])
+        for line in lines
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
 def stages(path: Path = DOCKERFILE) -> list[list[tuple[str, list[str]]]]:
-    """(INSTRUCTION, words) per instruction, grouped by stage; continuation lines joined."""
+    """The instructions grouped by stage (the global ARGs before the first FROM left out)."""
     result: list[list[tuple[str, list[str]]]] = []
-    for line in path.read_text().replace("\\\n", " ").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            words = line.split()
-            if words[0].upper() == "FROM":
-                result.append([])
-            result[-1].append((words[0].upper(), words[1:]))
+    for op, words in instructions(path):
+        if op == "FROM":
+            result.append([])
+        if result:
+            result[-1].append((op, words))
     return result
 
 
@@ -80,7 +89,7 @@ def test_dockerfile_passes_hadolint() -> None:
 def test_hadolint_flags_an_unpinned_base_image(tmp_path: Path) -> None:
     # Proves the lint step has teeth: the same file with a floating tag must fail.
     bad = tmp_path / "Dockerfile"
-    bad.write_text(DOCKERFILE.read_text().replace("python:3.11-slim-bookworm", "python:latest"))
+    bad.write_text(DOCKERFILE.read_text().replace("FROM ${BASE}", "FROM python:latest"))
     done = run([str(HADOLINT), str(bad)])
     assert done.returncode != 0
     assert "DL3007" in done.stdout
@@ -88,7 +97,12 @@ def test_hadolint_flags_an_unpinned_base_image(tmp_path: Path) -> None:
 
 def test_runtime_stage_runs_the_plugin_under_tini() -> None:
     build, runtime = stages()
-    assert [w[0] for op, w in (build[0], runtime[0])] == ["python:3.11-slim-bookworm"] * 2
+    # Both stages start from BASE, whose default is the pinned official image (the
+    # real-node tests pass a local Debian base instead).
+    assert [w[0] for op, w in (build[0], runtime[0])] == ["${BASE}"] * 2
+    assert ("ARG", ["BASE=python:3.11-slim-bookworm"]) in instructions()[
+        : instructions().index(("FROM", build[0][1]))
+    ]
     runs = " ".join(" ".join(words) for op, words in runtime if op == "RUN")
     assert "apt-get install -y --no-install-recommends 'tini=0.19.0-1*'" in runs
     copies = [words for op, words in runtime if op == "COPY"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -279,6 +280,29 @@ async def test_restart_recreates_kubelet_sock_and_deletes_sockets(
     finally:
         plugin.lists.put_nowait(None)
         await server.stop(0)
+
+
+async def test_die_leaves_the_same_kubelet_sock_refusing_connections(
+    kubelet: KubeletStub, plugin: FakePlugin, directory: Path
+) -> None:
+    """What a kubelet process that exited leaves, as on the real node: its socket file,
+    unchanged, with nobody listening; the plugin's stream ends; ``start`` recovers."""
+    await register(directory)
+    await kubelet.wait_for(RESOURCE, lambda v: True, timeout=5)
+    before = os.stat(directory / "kubelet.sock").st_ino
+    await kubelet.die()
+    assert os.stat(directory / "kubelet.sock").st_ino == before
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with pytest.raises(ConnectionRefusedError):
+        probe.connect(str(directory / "kubelet.sock"))
+    probe.close()
+    await _until(lambda: plugin.open_streams == 0)
+    assert kubelet.resources() == []
+    await kubelet.start()
+    assert not (directory / ENDPOINT).exists()  # the next kubelet cleaned up
+    served = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    served.connect(str(directory / "kubelet.sock"))  # a new socket that serves
+    served.close()
 
 
 async def test_wait_for_times_out_with_a_readable_error(kubelet: KubeletStub) -> None:

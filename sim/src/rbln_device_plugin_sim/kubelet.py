@@ -176,6 +176,24 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
             self._server = None
         self.socket_path.unlink(missing_ok=True)
 
+    async def die(self) -> None:
+        """Like the kubelet process exiting (a crash, or the first half of a service
+        restart): every stream ends and ``kubelet.sock`` stays where it was, the same
+        file, refusing connections, until ``start`` (the next kubelet) cleans up."""
+        # gRPC unlinks its socket path on stop; a dying kubelet does not, so the file is
+        # parked meanwhile and put back: same inode, nobody listening.
+        parked = self.directory.parent / f".{self.directory.name}.{KUBELET_SOCKET}.dead"
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.rename(parked)
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            parked.rename(self.socket_path)
+        await self._drop_plugins("kubelet exited")
+        self._event("kubelet exited: kubelet.sock left behind, refusing connections")
+        await self._notify()
+
     async def restart(self) -> None:
         """Like a kubelet starting again: the directory is cleaned, kubelet.sock is new."""
         # Park the old socket outside the directory (gRPC unlinks its path on stop) so its

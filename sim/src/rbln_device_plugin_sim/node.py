@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Final
 
 from rbln_device_plugin_sim.layout import Layout, LayoutError, SimDevice, make_vfs
-from rbln_device_plugin_sim.state import Fault, SmiState, StateStore
+from rbln_device_plugin_sim.state import (
+    RSD_MINOR_BASE,
+    Fault,
+    SmiState,
+    StateStore,
+    make_dev_node,
+)
 from rbln_device_plugin_sim.tree import (
     LAYOUT_FILE,
     LONGEST_SOCKET,
@@ -56,6 +62,11 @@ class SimNode(NodePaths):
             raise SimError(f"{root} holds no simulated node ({exc.strerror})") from exc
         return cls(root, layout)
 
+    @property
+    def char_major(self) -> int | None:
+        """The major of the node's character devices; None: its /dev holds files."""
+        return self.store.read().char_major
+
     def groups(self) -> dict[str, list[str]]:
         """RSD group id -> device names, as ``rbln-smi -g -j`` would report them."""
         return self.store.read().groups()
@@ -95,7 +106,7 @@ class SimNode(NodePaths):
             layout = self.layout.with_devices((*self.layout.devices, dev))
         except LayoutError as exc:
             raise SimError(f"cannot add {dev.name}: {exc}") from exc
-        write_device(self, dev)
+        write_device(self, dev, self.char_major)
         if dev.listed:
             with self.store.transaction() as state:
                 state.devices.append(dev.smi_record())
@@ -119,7 +130,7 @@ class SimNode(NodePaths):
         self._drop(self.layout.vfs_of(pf))
         pf = dataclasses.replace(pf, sriov_numvfs=count)
         self._replace(pf)
-        write_device(self, pf)  # rewrites sriov_numvfs
+        write_device(self, pf, self.char_major)  # rewrites sriov_numvfs
         vfs = make_vfs(pf, count, self.layout.next_npu(), listed=listed)
         for vf in vfs:
             self.add_device(vf)
@@ -153,7 +164,7 @@ class SimNode(NodePaths):
             for d in moved
         }
         for dev in sorted(after.values(), key=lambda d: d.is_vf):  # PFs first: VFs link to them
-            write_device(self, dev)
+            write_device(self, dev, self.char_major)
         self.layout = self.layout.with_devices(after.get(d.name, d) for d in self.layout.devices)
         self.save_layout()
         listed = {d.name for d in self.layout.devices if d.listed}
@@ -251,7 +262,8 @@ devices:
 
 # What a node (and the tools around it) put under its root; --force removes only these.
 NODE_ENTRIES: Final = (
-    "sys", "dev", "bin", "kubelet", "cdi", "etc-cdi", "run", LAYOUT_FILE, "smi-state.json",
+    "sys", "dev", "bin", "lib", "kubelet", "cdi", "etc-cdi", "run", LAYOUT_FILE,
+    "smi-state.json",
     "smi-state.json.lock", "smi-state.json.held", "layout.json.tmp", "daemon.log",
     "sim-control.sock",
 )  # fmt: skip
@@ -270,8 +282,19 @@ def remove_node(root: Path | str) -> None:
             entry.unlink(missing_ok=True)
 
 
-def materialize(layout: Layout, root: Path | str) -> SimNode:
-    """Build the node under ``root`` (created if missing; must not hold a node yet)."""
+def materialize(
+    layout: Layout,
+    root: Path | str,
+    *,
+    char_major: int | None = None,
+    smi_interpreter: str | None = None,
+) -> SimNode:
+    """Build the node under ``root`` (created if missing; must not hold a node yet).
+
+    ``char_major``: make /dev entries real character devices of that major (root only),
+    so the node can stand behind a real kubelet and container runtime; ``smi_interpreter``:
+    see ``write_smi_script``.
+    """
     node = SimNode(Path(root).absolute(), layout)
     socket_path = node.kubelet_dir / LONGEST_SOCKET
     if len(str(socket_path)) >= MAX_SOCKET_PATH:
@@ -296,17 +319,18 @@ def materialize(layout: Layout, root: Path | str) -> SimNode:
         directory.mkdir(parents=True, exist_ok=True)
     node.write_cdi_spec()
     for dev in layout.devices:
-        write_device(node, dev)
+        write_device(node, dev, char_major)
     # Group 0 (every device at boot) has its node like any other group.
-    (node.dev_root / "rsd0").touch()
+    make_dev_node(node.dev_root / "rsd0", char_major, RSD_MINOR_BASE)
     node.store.create(
         SmiState(
             kmd_version=layout.kmd_version,
             dev_root=str(node.dev_root),
             devices=[d.smi_record() for d in layout.devices if d.listed],
+            char_major=char_major,
         )
     )
-    write_smi_script(node)
+    write_smi_script(node, smi_interpreter)
     node.save_layout()
     return node
 

@@ -22,9 +22,11 @@ from rbln_device_plugin_sim.state import (
     GARBAGE,
     HANG_SECONDS,
     HOLD,
+    RSD_MINOR_BASE,
     SmiState,
     StateError,
     StateStore,
+    make_dev_node,
 )
 
 USAGE = (
@@ -99,7 +101,7 @@ def create_group(state: SmiState, gid: int, npus: tuple[int, ...]) -> Path:
     for npu in npus:
         by_npu[npu]["group_id"] = str(gid)
     node = Path(state.dev_root) / f"rsd{gid}"
-    node.touch()
+    make_dev_node(node, state.char_major, RSD_MINOR_BASE + gid)
     return node
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -26,7 +27,19 @@ FAULT_MODES: Final = ("error", "hang", "garbage", "slow")
 # in flight without guessing how long it takes; the CLI does not offer it (no release).
 HOLD: Final = "hold"
 HANG_SECONDS: Final = 3600.0
+# Minor numbers of character-device nodes: rbln<N> (any function) gets its rbln-smi index
+# ``npu``; rsd<G> gets RSD_MINOR_BASE + G.
+RSD_MINOR_BASE: Final = 128
 GARBAGE: Final = "rbln-smi: \x1b[31m<<garbled output>>\x1b[0m {not json\n"
+
+
+def make_dev_node(path: Path, char_major: int | None, minor: int) -> None:
+    """A /dev entry: a character device (major, minor) when a major is set, else a file."""
+    if char_major is None:
+        path.touch()
+        return
+    path.unlink(missing_ok=True)
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(char_major, minor))
 
 
 class StateError(Exception):
@@ -75,14 +88,19 @@ class SmiState:
     # Full records as `rbln-smi -g -j` prints them, in listing order.
     devices: list[dict[str, Any]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    # Set: /dev entries are character devices of this major (needs root), else files.
+    char_major: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "KMD_version": self.kmd_version,
             "dev_root": self.dev_root,
             "devices": self.devices,
             "faults": [f.to_dict() for f in self.faults],
         }
+        if self.char_major is not None:
+            out["char_major"] = self.char_major
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> SmiState:
@@ -92,8 +110,9 @@ class SmiState:
                 dev_root=str(data["dev_root"]),
                 devices=list(data["devices"]),
                 faults=[Fault.from_dict(f) for f in data.get("faults", [])],
+                char_major=None if data.get("char_major") is None else int(data["char_major"]),
             )
-        except (KeyError, TypeError, StateError) as exc:
+        except (KeyError, TypeError, ValueError, StateError) as exc:
             raise StateError(f"state file is not a simulator state: {exc}") from exc
 
     def groups(self) -> dict[str, list[str]]:

@@ -19,6 +19,7 @@ from typing import Final
 import rbln_device_plugin_sim
 from rbln_device_plugin import resources
 from rbln_device_plugin_sim.layout import SimDevice
+from rbln_device_plugin_sim.state import make_dev_node
 
 LAYOUT_FILE: Final = "layout.json"
 STATE_FILE: Final = "smi-state.json"
@@ -110,13 +111,25 @@ class NodePaths:
         return self.sysfs_root / "bus" / "pci" / "devices" / bus_id
 
 
-def write_smi_script(node: NodePaths) -> None:
-    """The fake ``rbln-smi``: a script that runs the simulator's tool on this node's state."""
+def write_smi_script(node: NodePaths, interpreter: str | None = None) -> None:
+    """The fake ``rbln-smi``: a script that runs the simulator's tool on this node's state.
+
+    ``interpreter``: a Python 3.11+ to name in the script instead of this one, with a copy
+    of the simulator package under the node's root; the script then runs wherever the
+    root is visible at the same path (inside a container, for the real-node tests).
+    """
     src_dir = Path(rbln_device_plugin_sim.__file__).resolve().parent.parent
+    if interpreter is not None:
+        copy = node.root / "lib" / "rbln_device_plugin_sim"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(
+            src_dir / "rbln_device_plugin_sim", copy, ignore=shutil.ignore_patterns("__pycache__")
+        )
+        src_dir = copy.parent
     # -S skips site-packages: the fake tool needs only the stdlib and the simulator
     # package, and it starts on every scan.
     script = (
-        f"#!{sys.executable} -S\n"
+        f"#!{interpreter or sys.executable} -S\n"
         "import sys\n"
         f"sys.path.insert(0, {str(src_dir)!r})\n"
         "from rbln_device_plugin_sim.smi_tool import main\n"
@@ -133,8 +146,9 @@ def _pci_dir(node: NodePaths, dev: SimDevice) -> Path | None:
     return node.sysfs_root.joinpath("devices", *dev.pci_path)
 
 
-def write_device(node: NodePaths, dev: SimDevice) -> None:
-    """Create the device's sysfs entries and /dev node (not its rbln-smi record)."""
+def write_device(node: NodePaths, dev: SimDevice, char_major: int | None = None) -> None:
+    """Create the device's sysfs entries and /dev node (not its rbln-smi record): a
+    character device (``char_major``, the device's ``npu``) or, without a major, a file."""
     pci_dir = _pci_dir(node, dev)
     if pci_dir is not None and dev.pci_path is not None:
         pci_dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +172,7 @@ def write_device(node: NodePaths, dev: SimDevice) -> None:
         _symlink(os.path.relpath(pci_dir, class_dir), class_dir / "device")
     if dev.status is not None:
         (class_dir / "status").write_text(dev.status)
-    (node.dev_root / dev.name).touch()
+    make_dev_node(node.dev_root / dev.name, char_major, dev.npu)
 
 
 def remove_device(node: NodePaths, dev: SimDevice) -> None:

@@ -269,11 +269,12 @@ class Allocator:
     ) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         devices = [snapshot[i] for i in ids]
-        bus_ids = sorted(d.bus_id for d in devices)
+        # The records pair each ID with its own address (reading them side by side must
+        # not put rbln3 at rbln1's bus); the span attribute is sorted (reference.md §6).
         fields: dict[str, Any] = {
             "resourceName": self._resource,
             "deviceIDs": list(ids),
-            "busIDs": bus_ids,
+            "busIDs": [d.bus_id for d in devices],
         }
         with self._tracer.start_as_current_span(
             "allocateContainer",
@@ -281,7 +282,7 @@ class Allocator:
                 "rbln.resource_name": self._resource,
                 "rbln.device.ids": list(ids),
                 "rbln.device.count": len(ids),
-                "rbln.device.bus_ids": bus_ids,
+                "rbln.device.bus_ids": sorted(d.bus_id for d in devices),
             },
         ) as span:
             log.info("Starting container allocation", **fields)

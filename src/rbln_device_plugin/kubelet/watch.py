@@ -14,6 +14,8 @@ is not a restart and does not make the plugins register again.
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -31,6 +33,28 @@ _EVENTS: Final = (
 )
 
 log = get_logger()
+
+
+# What connecting to the socket of a kubelet that exited gives: nobody listens there.
+_NOT_SERVING: Final = frozenset({errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK})
+
+
+def kubelet_serving(socket_path: Path) -> bool:
+    """Whether a kubelet listens on ``socket_path`` (blocking; run it through HostIO).
+
+    A kubelet that exited leaves its socket behind until the next one replaces it:
+    connecting is then refused. Any other failure counts as serving, so the caller
+    registers and its error says what is wrong.
+    """
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(2.0)
+        probe.connect(str(socket_path))
+    except OSError as exc:
+        return exc.errno not in _NOT_SERVING
+    finally:
+        probe.close()
+    return True
 
 
 class KubeletSocketWatch:

@@ -26,7 +26,7 @@ from rbln_device_plugin.host.scan import DiscoveryError, Scanner
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.plugin import RegistrationError, ResourcePlugin
 from rbln_device_plugin.kubelet.services import SharedServices
-from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
+from rbln_device_plugin.kubelet.watch import KubeletSocketWatch, kubelet_serving
 from rbln_device_plugin.model.health import HealthHistory
 from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
@@ -93,6 +93,10 @@ class Manager:
         self._discovery_failures = FailureStreak()
         self._registration_failures: dict[str, FailureStreak] = {}
         self._restart_pending = False
+        # The kubelet's streams ended and its kubelet.sock refuses connections: it exited
+        # (a restart's first half, or a crash). No registration until its successor's new
+        # kubelet.sock, which restarts every plugin as any kubelet restart does.
+        self._kubelet_down = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.scans = 0
         # Device IDs per resource after the previous scan (None before the first one), for
@@ -156,6 +160,8 @@ class Manager:
         wanted, outcome = await self._discover()
         # The kubelet may have restarted while rbln-smi ran: restart first, register once.
         await self._restart_if_kubelet_restarted()
+        if self._kubelet_down and await self._kubelet_serving():
+            self._kubelet_down = False  # serving again on the same socket: register
         await self._stop_absent(wanted)
         await self._sync_all(wanted)
         self._record(wanted, outcome, started)
@@ -234,7 +240,9 @@ class Manager:
     ) -> None:
         plugin = self.plugins.get(resource)
         if plugin is not None and not plugin.socket_intact():
-            log.warning(
+            # With the kubelet down this is its successor cleaning the directory.
+            emit = log.debug if self._kubelet_down else log.warning
+            emit(
                 "Device plugin socket was removed; restarting the plugin",
                 resourceName=resource, socketPath=str(plugin.socket_path),
             )  # fmt: skip
@@ -261,7 +269,8 @@ class Manager:
                 return
             self.plugins[resource] = plugin
         await plugin.update(devices)
-        plugin.register_in_background(partial(self._registration_ended, plugin))
+        if not self._kubelet_down:
+            plugin.register_in_background(partial(self._registration_ended, plugin))
 
     def _registration_ended(
         self, plugin: ResourcePlugin, failure: RegistrationError | None
@@ -288,10 +297,23 @@ class Manager:
         self.kubelet_socket_watch.check()
         if self._restart_pending or self.plugins.get(plugin.resource) is not plugin:
             return  # a kubelet restart: every plugin starts again, nothing was lost
-        # The kubelet never reopens a stream on its own: register again.
         plugin.registration_lost()
+        if not await self._kubelet_serving():
+            if not self._kubelet_down:  # once per outage, whatever the number of streams
+                self._kubelet_down = True
+                log.info(
+                    "Kubelet is not serving; waiting for it to start again",
+                    kubeletSocket=str(self.kubelet_socket_watch.socket_path),
+                )
+            return
+        # The kubelet never reopens a stream on its own: register again.
         log.warning("ListAndWatch stream ended; registering again", resourceName=plugin.resource)
         self._wake.set()
+
+    async def _kubelet_serving(self) -> bool:
+        path = self.kubelet_socket_watch.socket_path
+        serving = await self._hostio.call(str(path), partial(kubelet_serving, path))
+        return serving is not False  # a stalled probe: assume serving, registration says
 
     def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -314,6 +336,7 @@ class Manager:
         self.kubelet_socket_watch.check()  # a cheap stat per scan backs up the watch
         if self._restart_pending:
             self._restart_pending = False
+            self._kubelet_down = False
             self._hooks.kubelet_restart()
             await self._stop_all()
             await self._clean_cdi()

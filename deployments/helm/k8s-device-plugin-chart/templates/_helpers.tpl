@@ -172,4 +172,23 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- end }}
 {{- $_ := set $taken $path (printf "devicePlugin.%s" $key) }}
 {{- end }}
+{{- $volumes := dict "device-plugin" "the chart" "cdi-root" "the chart" "dev" "the chart" "run-rbln" "the chart" "host-usr-bin" "the chart" }}
+{{- range ($plugin.extraVolumes | default list) }}
+{{- if hasKey $volumes .name }}
+{{- fail (printf "devicePlugin.extraVolumes: the volume name %s is already used by %s; pick another name" .name (get $volumes .name)) }}
+{{- end }}
+{{- $_ := set $volumes .name "devicePlugin.extraVolumes" }}
+{{- end }}
+{{- range ($plugin.containers.plugin.extraVolumeMounts | default list) }}
+{{- if not (eq (get $volumes .name) "devicePlugin.extraVolumes") }}
+{{- fail (printf "devicePlugin.containers.plugin.extraVolumeMounts: %s names no volume in devicePlugin.extraVolumes" .name) }}
+{{- end }}
+{{- if or (not (hasPrefix "/" .mountPath)) (has ".." (splitList "/" .mountPath)) }}
+{{- fail (printf "devicePlugin.containers.plugin.extraVolumeMounts: %q is not an absolute path without '..'" .mountPath) }}
+{{- end }}
+{{- if hasKey $taken (clean .mountPath) }}
+{{- fail (printf "devicePlugin.containers.plugin.extraVolumeMounts: %s is already used by %s; pick another directory" (clean .mountPath) (get $taken (clean .mountPath))) }}
+{{- end }}
+{{- $_ := set $taken (clean .mountPath) (printf "the extra mount of %s" .name) }}
+{{- end }}
 {{- end }}

@@ -1,0 +1,110 @@
+"""What the node's components are configured with: kubelet, containerd, CNI, and the CDI
+spec standing in for the RBLN container toolkit's. Data only; ``cluster`` writes them."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from . import artifacts
+
+NODE_IP: Final = "10.88.0.1"
+BRIDGE: Final = "rbln-br0"
+
+# Stands in for the RBLN container toolkit's rbln.yaml: the device the plugin's CDI
+# annotation names (rebellions.ai/npu=runtime) with one env edit to see in the container.
+TOOLKIT_SPEC_NAME: Final = "rbln.yaml"
+TOOLKIT_SPEC: Final = {
+    "cdiVersion": "0.6.0",
+    "kind": "rebellions.ai/npu",
+    "devices": [{"name": "runtime", "containerEdits": {"env": ["RBLN_CDI_RUNTIME=stand-in"]}}],
+}
+
+
+def kubelet_config(cgroup_root: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # cgroup v1 and no systemd on this machine; a cgroup root of the test's own.
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+        # Node status follows the plugin quickly (allocatable, device health).
+        "nodeStatusUpdateFrequency": "1s",
+        "nodeStatusReportFrequency": "1s",
+        "address": NODE_IP,
+        "readOnlyPort": 0,
+        # The node's network is private to the test: the API server may call in.
+        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        # A shared build machine's disk must not evict the test's pods.
+        "evictionHard": {
+            "memory.available": "50Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "resolvConf": "",
+        "serializeImagePulls": False,
+    }
+
+
+CONTAINERD_CONFIG: Final = """\
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{sandbox}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # No AppArmor here; the machine's own oom_score_adj floor is kept.
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{cni}"]
+    conf_dir = "/etc/cni/net.d"
+""".replace("{sandbox}", artifacts.PAUSE_IMAGE)
+
+CNI_CONFIG: Final = {
+    "cniVersion": "1.0.0",
+    "name": "realnode",
+    "plugins": [
+        {
+            "type": "macvlan",
+            "master": BRIDGE,
+            "mode": "bridge",
+            "ipam": {
+                "type": "host-local",
+                "ranges": [
+                    [
+                        {
+                            "subnet": "10.88.0.0/16",
+                            "rangeStart": "10.88.1.1",
+                            "rangeEnd": "10.88.1.250",
+                            "gateway": NODE_IP,
+                        }
+                    ]
+                ],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        }
+    ],
+}
