@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,9 +35,12 @@ async def running(
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     level: str = "debug",
+    prepare: Callable[[SimNode], None] = lambda _: None,
 ) -> AsyncIterator[Harness]:
+    """``prepare`` changes the node before the daemon starts."""
     root = short_tempdir()
     node = materialize(preset(layout) if isinstance(layout, str) else layout, root)
+    prepare(node)
     kubelet = KubeletStub(node.kubelet_dir)
     await kubelet.start()
     daemon = DaemonProcess([*node.daemon_args(interval), *extra_args], env=env, level=level)

@@ -418,6 +418,8 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
     }
     assert env_of(container) == {
         "CDI_ROOT": "/var/run/cdi",
+        "CDI_STATIC_DIR": "/etc/cdi",
+        "CDI_MODE": "annotation",
         "KUBELET_DEVICE_PLUGIN_PATH": "/var/lib/kubelet/device-plugins",
         "HEALTHCHECK_PORT": "51515",
         "DEVICE_SCAN_INTERVAL": "5s",
@@ -434,6 +436,7 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
     assert host_mounts(ds) == {
         "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", False),
         "/var/run/cdi": ("/var/run/cdi", False),
+        "/etc/cdi": ("/etc/cdi", True),
         "/dev": ("/dev", False),
         "/run/rbln": ("/run/rbln", False),
         "/host/usr/bin": ("/usr/bin", True),
@@ -689,6 +692,11 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("devicePlugin.cdiRoot", "cdi", "CDI_ROOT"),
     ("devicePlugin.cdiRoot", "var/run/cdi", "CDI_ROOT"),
     ("devicePlugin.cdiRoot", "/var/run/../cdi", "CDI_ROOT"),
+    ("devicePlugin.cdiStaticDir", "", "CDI_STATIC_DIR"),
+    ("devicePlugin.cdiStaticDir", "etc/cdi", "CDI_STATIC_DIR"),
+    ("devicePlugin.cdiStaticDir", "/etc/../cdi", "CDI_STATIC_DIR"),
+    ("devicePlugin.cdiMode", "annotations", "CDI_MODE"),
+    ("devicePlugin.cdiMode", "", "CDI_MODE"),
     ("devicePlugin.kubeletDevicePluginPath", "device-plugins", "KUBELET_DEVICE_PLUGIN_PATH"),
     ("devicePlugin.kubeletDevicePluginPath", "/var/lib/kubelet/..", "KUBELET_DEVICE_PLUGIN_PATH"),
     ("devicePlugin.useGenericResourceName", "maybe", "USE_GENERIC_RESOURCE_NAME"),
@@ -754,7 +762,15 @@ def test_extra_env_paths_the_daemon_refuses_are_refused(
 
 
 @pytest.mark.parametrize(
-    "name", ["CDI_ROOT", "HEALTHCHECK_PORT", "USE_GENERIC_RESOURCE_NAME", *sorted(TEST_ONLY)]
+    "name",
+    [
+        "CDI_ROOT",
+        "CDI_STATIC_DIR",
+        "CDI_MODE",
+        "HEALTHCHECK_PORT",
+        "USE_GENERIC_RESOURCE_NAME",
+        *sorted(TEST_ONLY),
+    ],
 )
 def test_extra_env_cannot_shadow_a_chart_value(helm: Helm, name: str) -> None:
     done = helm.attempt(*_set_json(f"{PLUGIN}.extraEnv", [{"name": name, "value": "x"}]))
@@ -807,6 +823,7 @@ def test_extra_mounts_that_collide_or_dangle_are_refused(
     ("key", "value"),
     [
         ("devicePlugin.cdiRoot", "/dev"),
+        ("devicePlugin.cdiStaticDir", "/dev"),
         ("devicePlugin.cdiRoot", "/var/lib/kubelet/device-plugins/"),
         ("devicePlugin.kubeletDevicePluginPath", "/run/rbln"),
         ("devicePlugin.cdiRoot", "/host/usr/bin"),
@@ -1235,3 +1252,23 @@ def test_the_rsd_lock_is_a_host_file_every_instance_on_the_node_shares(
         path = literal_env(rendered[variant])["RSD_LOCK_PATH"]
         host, read_only = _container_to_host(ds, path)
         assert host == "/run/rbln/rsd-group.lock" and not read_only
+
+
+@pytest.mark.parametrize("mode", ["annotation", "field", "both"])
+def test_cdi_settings_reach_the_daemon(helm: Helm, mode: str) -> None:
+    ds = daemonset(
+        helm.template("--set", f"devicePlugin.cdiMode={mode}",
+                      "--set", "devicePlugin.cdiStaticDir=/opt/cdi")
+    )  # fmt: skip
+    env = env_of(plugin_container(ds))
+    assert (env["CDI_MODE"], env["CDI_STATIC_DIR"]) == (mode, "/opt/cdi")
+    assert daemon_objection({k: v for k, v in env.items() if isinstance(v, str)}) is None
+    # Read only: the plugin never writes the static directory.
+    assert host_mounts(ds)["/opt/cdi"] == ("/opt/cdi", True)
+
+
+def test_a_static_dir_equal_to_the_cdi_root_is_mounted_once(helm: Helm) -> None:
+    ds = daemonset(helm.template("--set", "devicePlugin.cdiStaticDir=/var/run/cdi/"))
+    mounts = host_mounts(ds)
+    assert mounts["/var/run/cdi"] == ("/var/run/cdi", False)
+    assert [p for p in mounts if "cdi" in p] == ["/var/run/cdi"]

@@ -476,14 +476,22 @@ def test_no_device_line_says_whether_rbln_smi_ran(tmp_path: Path) -> None:
 def test_help_lists_only_the_flags_that_change_the_report() -> None:
     done = run(["--help"])
     assert done.returncode == 0 and done.stdout == ""
-    for shown in ("--sysfs-root", "--rbln-smi", "--output", "--preferred", "--must-include"):
+    for shown in (
+        "--sysfs-root",
+        "--rbln-smi",
+        "--output",
+        "--preferred",
+        "--must-include",
+        "--cdi-root",
+        "--cdi-static-dir",
+    ):  # the CDI spec check reads both
         assert shown in done.stderr
-    for hidden in ("--cdi-root", "--healthcheck-port", "--device-scan-interval",
+    for hidden in ("--cdi-mode", "--healthcheck-port", "--device-scan-interval",
                    "--otlp-endpoint", "--rsd-lock-path", "--test-file-device-nodes"):  # fmt: skip
         assert hidden not in done.stderr
     # Hidden is not refused: the daemon's own command line still works.
     with sim("rebel-4") as node:
-        assert inspect(node, "--cdi-root", "/var/run/cdi").returncode == 0
+        assert inspect(node, "--cdi-mode", "field").returncode == 0
 
 
 # ----------------------------------------------------------------------------- the command

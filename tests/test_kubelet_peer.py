@@ -104,7 +104,12 @@ class Scene:
 
 @contextmanager
 def scene(
-    build: Build, layout: str, *, policy: str = "none", interval: str = "300ms"
+    build: Build,
+    layout: str,
+    *,
+    policy: str = "none",
+    interval: str = "300ms",
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[Scene]:
     assert build.binary is not None
     root = short_tempdir()
@@ -114,7 +119,7 @@ def scene(
     s: Scene | None = None
     try:
         peer.start(policy=policy)
-        daemon = DaemonProcess(node.daemon_args(interval))
+        daemon = DaemonProcess([*node.daemon_args(interval), *extra_args])
         s = Scene(build, node, peer, daemon, interval, policy)
         yield s
     finally:
@@ -232,6 +237,31 @@ def test_four_npus_reach_the_runtime_as_the_readme_says(kube: Build) -> None:
             {"Name": "cdi.k8s.io/rebellions.ai_npu", "Value": "rebellions.ai/npu=runtime"}
         ]
         assert not options["CDIDevices"] and not options["Envs"] and not options["Mounts"]
+
+
+# The README's "CDI" table: what GetDeviceRunContainerOptions (what the kubelet hands the
+# runtime) carries for each --cdi-mode. Both pinned releases have the field without a gate.
+CDI_ANNOTATION = [{"Name": "cdi.k8s.io/rebellions.ai_npu", "Value": "rebellions.ai/npu=runtime"}]
+CDI_DEVICE = [{"Name": "rebellions.ai/npu=runtime"}]
+
+
+@pytest.mark.parametrize(
+    ("mode", "annotations", "cdi_devices"),
+    [("annotation", CDI_ANNOTATION, []), ("field", [], CDI_DEVICE),
+     ("both", CDI_ANNOTATION, CDI_DEVICE)],
+)  # fmt: skip
+def test_cdi_mode_reaches_the_runtime_options_as_the_readme_says(
+    kube: Build, mode: str, annotations: list[dict[str, str]], cdi_devices: list[dict[str, str]]
+) -> None:
+    with scene(kube, "rebel-sriov", extra_args=("--cdi-mode", mode)) as s:
+        registered(s.peer, SRIOV_DEVICES)
+        uid = s.admitted(pod(f"cdi-{mode}", {"app": {NPU: 2}}))
+        allocations(s.daemon, completed=1)
+        options = s.peer.options(uid, "app")
+        assert (options["Annotations"] or []) == annotations
+        assert (options["CDIDevices"] or []) == cdi_devices
+        assert len(options["Devices"]) == 3  # /dev/rsd0 and the two device nodes
+        assert not options["Envs"] and not options["Mounts"]
 
 
 # ---------------------------------------------------------------- 4. topology

@@ -56,6 +56,7 @@ def every_event(recorder: OtelMetrics) -> None:
     recorder.kubelet_restart()
     recorder.stream_opened(NPU)
     recorder.host_read_stalled()
+    recorder.cdi_spec("missing")
 
 
 def test_each_event_moves_its_series(recorder: OtelMetrics) -> None:
@@ -73,6 +74,7 @@ def test_each_event_moves_its_series(recorder: OtelMetrics) -> None:
     assert value(s, "list_and_watch_streams", resource=NPU) == 1
     assert value(s, "kubelet_restarts_total") == 1
     assert value(s, "host_reads_stalled_total") == 1
+    assert [value(s, "cdi_spec", state=k) for k in m.CDI_SPEC_STATES] == [0, 1, 0]
     assert value(s, "devices", resource=NPU, health="Unhealthy") == 1
     ident = {"resource": NPU, "device": "rbln1", "pci_bus_id": "0000:02:00.0", "numa_node": "0"}
     assert value(s, "device_status", **ident, status="FAULT") == 1

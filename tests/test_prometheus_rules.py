@@ -22,7 +22,7 @@ from .test_deploy_chart import helm as helm
 CHART_RULES = CHART / "files" / "rules.yaml"
 ON = ("--set", "devicePlugin.metrics.prometheusRule.enabled=true")
 ALERTS = {"RblnNpuUnhealthy", "RblnAllocationsFailing", "RblnPluginNotRegistered",
-          "RblnScanStuck", "RblnPluginWaiting"}  # fmt: skip
+          "RblnScanStuck", "RblnPluginWaiting", "RblnCdiSpecMissing"}  # fmt: skip
 
 
 def alerts(groups: Any) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ paste them; ``serve`` and the daemon run in the background like the README's sec
 third shells. Only two things are changed: the README's node roots under /tmp become
 fresh directories of the same length (parallel runs never share a node, and long lines
 wrap exactly as printed), and the demo's random temporary name, times, durations and
-process IDs are compared as placeholders. The three kubectl commands need a cluster and
+process IDs are compared as placeholders. The kubectl commands need a cluster and
 are the only ones not run; the test fails if any other command is left out.
 """
 
@@ -44,6 +44,7 @@ NEEDS_A_CLUSTER = {
     "kubectl -n k8s-device-plugin exec <pod> -- rbln-device-plugin inspect",
     "kubectl -n k8s-device-plugin exec <pod> -- rbln-device-plugin inspect --output json"
     " > node.json",
+    "kubectl -n k8s-device-plugin exec <pod> -- rbln-device-plugin inspect | grep -i cdi",
 }
 BANNER_END = "Kubelet stand-in events follow; Ctrl-C stops it (the node stays)."
 # What the daemon registers on the README's rebel-sriov node, as serve reports it.

@@ -80,6 +80,9 @@ TRACES_EXPORTERS: Final = ("otlp", "none")
 # Floors of the two limits the Go plugin does not have (see stall_limit_floor).
 MIN_METRICS_EXPORT_INTERVAL_S: Final = 1.0
 MIN_SCAN_STALL_LIMIT_S: Final = 1.0
+# How Allocate names the CDI device: the annotation (as the Go plugin), the device plugin
+# API's cdi_devices field (kubelet 1.28+), or both.
+CDI_MODES: Final = ("annotation", "field", "both")
 
 
 def _path(raw: str) -> Path:
@@ -193,6 +196,16 @@ def _traces_exporter(raw: str) -> str:
     return text
 
 
+def _cdi_mode(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in CDI_MODES:
+        raise ConfigError(
+            f"{raw!r} is not a CDI mode: annotation (the cdi.k8s.io annotation), field "
+            "(the kubelet's cdi_devices field) or both"
+        )
+    return text
+
+
 def _optional_path(raw: str) -> Path | None:
     return _path(raw) if raw.strip() else None
 
@@ -201,6 +214,14 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
            "directory of CDI spec files; stale transient specs are removed from it", "DIR",
            convert=_host_dir),
+    Option("cdi_static_dir", "--cdi-static-dir", "CDI_STATIC_DIR", "/etc/cdi",
+           "the other CDI spec directory the container runtimes read (read only); the daemon "
+           "warns when neither holds a spec defining rebellions.ai/npu=runtime", "DIR",
+           convert=_host_dir),
+    Option("cdi_mode", "--cdi-mode", "CDI_MODE", "annotation",
+           "how each container's CDI device reaches the runtime: annotation (as the Go "
+           "plugin), field (the kubelet's cdi_devices, Kubernetes 1.28+) or both",
+           "annotation|field|both", convert=_cdi_mode),
     Option("kubelet_dir", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
            "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR",
            convert=_host_dir),
@@ -284,12 +305,19 @@ class Config:
     # character devices). Off in production, and the chart never sets it.
     test_file_device_nodes: bool = False
     scan_stall_limit: float = DEFAULT_SCAN_STALL_LIMIT_S
+    cdi_static_dir: Path = Path("/etc/cdi")
+    cdi_mode: str = "annotation"
     # Where each setting came from ("flag", "env" or "default"), so that a later message
     # about a value can name what supplied it. Not part of the configuration itself.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     # Values ignored in favour of the default, each (setting as its source spells it,
     # value, why): logged once at start.
     ignored: tuple[tuple[str, str, str], ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def cdi_spec_dirs(self) -> tuple[Path, ...]:
+        """The CDI spec directories in the runtimes' order: a later one's specs win."""
+        return tuple(dict.fromkeys((self.cdi_static_dir, self.cdi_root)))
 
     @property
     def healthcheck_enabled(self) -> bool:

@@ -46,8 +46,11 @@ STEP_RECORDS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
 
 
 def inspect_args(node: SimNode) -> list[str]:
-    """``inspect`` with the two daemon flags that change its report."""
-    return ["inspect", "--sysfs-root", str(node.sysfs_root), "--rbln-smi", str(node.smi_path)]
+    """``inspect`` with the daemon flags that change its report."""
+    return [
+        "inspect", "--sysfs-root", str(node.sysfs_root), "--rbln-smi", str(node.smi_path),
+        "--cdi-root", str(node.cdi_root), "--cdi-static-dir", str(node.cdi_static_dir),
+    ]  # fmt: skip
 
 
 class Skipped(Exception):

@@ -71,6 +71,16 @@ class SimNode(NodePaths):
         """RSD group id -> device names, as ``rbln-smi -g -j`` would report them."""
         return self.store.read().groups()
 
+    # ------------------------------------------------------------ the toolkit's CDI spec
+    def write_cdi_spec(self, text: str | None = None) -> None:
+        """The container toolkit's ``rbln.yaml`` (``text``: any contents, for tests)."""
+        temporary = self.cdi_spec_path.with_name(".rbln.yaml.tmp")
+        temporary.write_text(TOOLKIT_CDI_SPEC if text is None else text, encoding="utf-8")
+        temporary.replace(self.cdi_spec_path)  # as a toolkit writes it: never half a file
+
+    def remove_cdi_spec(self) -> None:
+        self.cdi_spec_path.unlink(missing_ok=True)
+
     # ------------------------------------------------------------ runtime changes
     def set_status(self, name: str, value: int | str | None) -> None:
         """A lifecycle code, raw file contents (e.g. "garbage"), or None to delete the file."""
@@ -238,9 +248,22 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# What the RBLN container toolkit's spec amounts to on the simulated node: the kind and
+# device name the plugin's answers reference, and an edit a container can show.
+TOOLKIT_CDI_SPEC: Final = """\
+cdiVersion: 0.6.0
+kind: rebellions.ai/npu
+devices:
+  - name: runtime
+    containerEdits:
+      env:
+        - RBLN_CDI_SPEC=simulated
+"""
+
 # What a node (and the tools around it) put under its root; --force removes only these.
 NODE_ENTRIES: Final = (
-    "sys", "dev", "bin", "lib", "kubelet", "cdi", "run", LAYOUT_FILE, "smi-state.json",
+    "sys", "dev", "bin", "lib", "kubelet", "cdi", "etc-cdi", "run", LAYOUT_FILE,
+    "smi-state.json",
     "smi-state.json.lock", "smi-state.json.held", "layout.json.tmp", "daemon.log",
     "sim-control.sock",
 )  # fmt: skip
@@ -290,9 +313,11 @@ def materialize(
         node.smi_path.parent,
         node.kubelet_dir,
         node.cdi_root,
+        node.cdi_static_dir,
         node.rsd_lock_path.parent,
     ):
         directory.mkdir(parents=True, exist_ok=True)
+    node.write_cdi_spec()
     for dev in layout.devices:
         write_device(node, dev, char_major)
     # Group 0 (every device at boot) has its node like any other group.

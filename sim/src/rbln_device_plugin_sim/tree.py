@@ -69,6 +69,15 @@ class NodePaths:
         return self.root / "cdi"
 
     @property
+    def cdi_static_dir(self) -> Path:
+        """The node's /etc/cdi, where its container toolkit wrote ``rbln.yaml``."""
+        return self.root / "etc-cdi"
+
+    @property
+    def cdi_spec_path(self) -> Path:
+        return self.cdi_static_dir / "rbln.yaml"
+
+    @property
     def rsd_lock_path(self) -> Path:
         return self.root / "run" / "rbln-rsd-group.lock"
 
@@ -87,6 +96,7 @@ class NodePaths:
             "--rbln-smi", str(self.smi_path),
             "--kubelet-device-plugin-path", str(self.kubelet_dir),
             "--cdi-root", str(self.cdi_root),
+            "--cdi-static-dir", str(self.cdi_static_dir),
             "--rsd-lock-path", str(self.rsd_lock_path),
             "--healthcheck-port", "-1",
             "--device-scan-interval", scan_interval,

@@ -26,11 +26,13 @@ from typing import Final
 
 from rbln_device_plugin import __version__, config, options
 from rbln_device_plugin.host import smi, sysfs
+from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
 from rbln_device_plugin.inspect.preferred import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
 from rbln_device_plugin.inspect.report import RESOURCES, build_report
+from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, Verdict, resolve
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, DeviceFacts, SriovFacts
 from rbln_device_plugin.telemetry import logs
 
@@ -48,7 +50,9 @@ _EPILOG: Final = (
     "accepted too, so the daemon's own command line works here, but changes nothing."
 )
 # The settings that change what inspect reads; --help lists only these.
-_SHOWN: Final = tuple(o for o in config.OPTIONS if o.field in ("sysfs_root", "rbln_smi"))
+_SHOWN: Final = tuple(
+    o for o in config.OPTIONS if o.field in ("sysfs_root", "rbln_smi", "cdi_root", "cdi_static_dir")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,7 @@ async def gather(cfg: config.Config) -> HostFacts:
          for b in bus_ids]
     )  # fmt: skip
     statuses = await sysfs.read_statuses(io, root, names)
+    cdi = await check_cdi(cfg, io)
     return HostFacts(
         smi=outcome,
         sysfs_devices=devices,
@@ -185,7 +190,14 @@ async def gather(cfg: config.Config) -> HostFacts:
         statuses=statuses,
         config=cfg.describe(),
         sysfs_missing=() if isinstance(missing, Stalled) else missing,
+        cdi=cdi,
     )
+
+
+async def check_cdi(cfg: config.Config, io: HostIO) -> Verdict:
+    """The daemon's CDI spec check: the same directories, reader and rules."""
+    paths = [str(path) for path in cfg.cdi_spec_dirs]
+    return resolve(await read_spec_dirs(io, SpecDirReader(), paths), REFERENCED_DEVICES)
 
 
 def _stalled_facts(stalled: Stalled) -> DeviceFacts:

@@ -15,6 +15,7 @@ from typing import Any, Final
 from rbln_device_plugin.inspect.facts import SmiOutcome
 from rbln_device_plugin.inspect.preferred import Choice, PreferredReport, score_levels
 from rbln_device_plugin.inspect.report import Finding, Report, Row
+from rbln_device_plugin.model.cdispec import CdiState, Verdict
 
 SCHEMA_VERSION: Final = 1
 _CELL_MAX: Final = 72
@@ -50,8 +51,23 @@ def to_document(report: Report, preferred: PreferredReport | None, version: str)
         ],
         "problems": [_problem(finding) for finding in report.findings],
         "preferred": None if preferred is None else _preferred(preferred),
+        "cdi": _cdi(report.facts.cdi),
         "advertisedCount": report.advertised,
         "exitCode": report.exit_code,
+    }
+
+
+def _cdi(verdict: Verdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {
+        "state": verdict.state.value,
+        "cdiDevices": list(verdict.wanted),
+        "specFiles": dict(verdict.found),
+        "missing": list(verdict.missing),
+        "notVisible": dict(verdict.unseen),
+        "notChecked": dict(verdict.unchecked),
+        "unusable": dict(verdict.malformed),
     }
 
 
@@ -124,6 +140,8 @@ def render_table(report: Report, preferred: PreferredReport | None) -> str:
         source = f"{_cell(smi.path) if smi.path else 'not found'} (FAILED, see problems)"
     lines.append(f"rbln-smi: {source}")
     lines.append(f"sysfs:    {_cell(str(facts.config.get('sysfsRoot', '?')))}")
+    if facts.cdi is not None:
+        lines.append(f"cdi:      {_cdi_line(facts.cdi)}")
     lines.append("")
     lines += _columns(
         [
@@ -170,6 +188,16 @@ def render_table(report: Report, preferred: PreferredReport | None) -> str:
         f"{warnings} warning{'s' if warnings != 1 else ''} (exit {report.exit_code})"
     )
     return "\n".join(lines) + "\n"
+
+
+def _cdi_line(verdict: Verdict) -> str:
+    devices = ", ".join(verdict.wanted)
+    if verdict.state is CdiState.PRESENT:
+        files = ", ".join(sorted(set(verdict.found.values())))
+        return f"{_cell(devices)} defined in {_cell(files, limit=200)}"
+    if verdict.state is CdiState.MISSING:
+        return f"{_cell(devices)} MISSING from every spec directory (see problems)"
+    return f"{_cell(devices)}: cannot tell (see problems)"
 
 
 def _smi_listing(smi: SmiOutcome) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Final
 from rbln_device_plugin import resources
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
+from rbln_device_plugin.model.cdispec import CdiState, Verdict
 from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.health import HealthHistory, StatusReading
 from rbln_device_plugin.model.inventory import (
@@ -130,7 +131,59 @@ def build_report(host: HostFacts) -> Report:
     explainer.malformed_entries()
     explainer.records()
     explainer.sysfs_only()
+    explainer.findings.extend(cdi_findings(host.cdi))
     return explainer.report()
+
+
+_SHOWN_SPEC_FILES: Final = 16
+
+
+def cdi_findings(verdict: Verdict | None) -> list[Finding]:
+    """What the CDI spec check found, as warnings: the devices still reach the kubelet,
+    but a CDI-enabled runtime refuses every NPU container without the spec."""
+    if verdict is None:
+        return []
+    out: list[Finding] = []
+    base: dict[str, Any] = {"cdiDevices": list(verdict.wanted)}
+    if verdict.state is CdiState.MISSING:
+        details = {**base}
+        if verdict.conflicts:
+            details["conflicts"] = {d: list(p) for d, p in verdict.conflicts.items()}
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "cdi-spec-missing",
+                "No CDI spec defines the NPU CDI device; containerd 2.x (and other runtimes "
+                "with CDI on) refuse NPU containers with CreateContainerError until the RBLN "
+                "container toolkit writes it",
+                details=details,
+            )
+        )
+    elif verdict.state is CdiState.UNKNOWN:
+        details = {**base}
+        if verdict.unseen:
+            details["notVisible"] = dict(verdict.unseen)
+        if verdict.unchecked:
+            details["notChecked"] = dict(list(verdict.unchecked.items())[:_SHOWN_SPEC_FILES])
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "cdi-spec-unknown",
+                "Cannot tell whether a CDI spec defines the NPU CDI device (a spec directory "
+                "is not visible here, or a file could not be checked)",
+                details=details,
+            )
+        )
+    for path, reason in list(verdict.malformed.items())[:_SHOWN_SPEC_FILES]:
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "cdi-spec-unusable",
+                "CDI spec file is unusable; the container runtimes skip it",
+                details={"path": path, "reason": reason},
+            )
+        )
+    return out
 
 
 class _Explainer:

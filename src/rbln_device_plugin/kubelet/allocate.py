@@ -315,7 +315,7 @@ class Allocator:
                     logged=True,
                     result=_failure_class(exc),
                 ) from exc
-        response = api_pb2.ContainerAllocateResponse(annotations=cdi.container_annotations())
+        response = cdi.container_response(self._config.cdi_mode)
         response.devices.add(
             container_path=CONTAINER_RSD_PATH,
             host_path=str(group.host_path),

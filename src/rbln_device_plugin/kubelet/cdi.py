@@ -1,8 +1,11 @@
-"""CDI wiring: the runtime annotation each container gets, and stale-spec cleanup.
+"""CDI wiring: how each container's CDI device is named, and stale-spec cleanup.
 
 The plugin writes no CDI spec of its own: the container toolkit provides ``rbln.yaml``
-(kind ``rebellions.ai/npu``, device ``runtime``). Transient specs that an older plugin
-generation left behind are removed at start and after a kubelet restart.
+(kind ``rebellions.ai/npu``, device ``runtime``). Each container answer names that device
+as ``--cdi-mode`` says: the ``cdi.k8s.io/...`` annotation (as the Go plugin does), the
+device plugin API's ``cdi_devices`` field (the kubelet hands it to the runtime as CRI
+``CDIDevices``), or both. Transient specs that an older plugin generation left behind
+are removed at start and after a kubelet restart.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import stat
 from pathlib import Path
 from typing import Final
 
+from rbln_device_plugin.api.v1beta1 import api_pb2
+from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, RUNTIME_DEVICE
 from rbln_device_plugin.telemetry.logs import get_logger
 
 ANNOTATION_KEY: Final = "cdi.k8s.io/rebellions.ai_npu"
-ANNOTATION_VALUE: Final = "rebellions.ai/npu=runtime"
+ANNOTATION_VALUE: Final = RUNTIME_DEVICE
 TRANSIENT_SPEC_PREFIX: Final = "rebellions.ai-npu_"
 
 log = get_logger()
@@ -23,6 +28,17 @@ log = get_logger()
 
 def container_annotations() -> dict[str, str]:
     return {ANNOTATION_KEY: ANNOTATION_VALUE}
+
+
+def container_response(mode: str) -> api_pb2.ContainerAllocateResponse:
+    """An answer carrying the CDI device as ``mode`` (a ``config.CDI_MODES`` value) says."""
+    response = api_pb2.ContainerAllocateResponse()
+    if mode in ("annotation", "both"):
+        response.annotations.update(container_annotations())
+    if mode in ("field", "both"):
+        for name in REFERENCED_DEVICES:
+            response.cdi_devices.add(name=name)
+    return response
 
 
 def remove_transient_specs(cdi_root: Path) -> int:

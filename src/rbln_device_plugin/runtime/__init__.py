@@ -2,5 +2,6 @@
 
 ``daemon`` owns signals and the shutdown order; ``manager`` runs the scan loop and keeps
 one ``kubelet.plugin.ResourcePlugin`` per advertised resource; ``instancelock`` makes a
-second daemon wait; ``healthcheck`` serves the gRPC health service the chart probes.
+second daemon wait; ``healthcheck`` serves the gRPC health service the chart probes;
+``cdicheck`` says whether the runtimes can resolve the CDI device the answers name.
 """

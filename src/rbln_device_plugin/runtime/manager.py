@@ -29,6 +29,7 @@ from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch, kubelet_serving
 from rbln_device_plugin.model.health import HealthHistory
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
 from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.streaks import FailureStreak
 from rbln_device_plugin.telemetry import metrics as m
@@ -86,6 +87,8 @@ class Manager:
         self._wake = services.rescan_wanted
         self.kubelet_socket_watch = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
         self._kubelet_dir = KubeletDirectory(config.kubelet_dir)
+        self.cdi_check = CdiSpecCheck(config, self._hostio, self._metrics)
+        self._cdi_check_failed = False
         # Said once, again on a new reason, and once more when it ends (see streaks).
         self._discovery_failures = FailureStreak()
         self._registration_failures: dict[str, FailureStreak] = {}
@@ -103,6 +106,7 @@ class Manager:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._clean_cdi()
+        await self._check_cdi_spec()  # once before the first scan: its record comes first
         watcher = asyncio.create_task(self.kubelet_socket_watch.run(stop), name="kubelet-watch")
         loop = asyncio.get_running_loop()
         interval = self._config.scan_interval
@@ -134,8 +138,20 @@ class Manager:
         try:
             await self._restart_if_kubelet_restarted()
             await self._reconcile()
+            await self._check_cdi_spec()
         finally:
             self._hooks.scan_end()
+
+    async def _check_cdi_spec(self) -> None:
+        """The CDI spec check, after the kubelet got its devices; it never stops a scan."""
+        try:
+            await self.cdi_check.check()
+        except Exception as exc:  # a bug on odd spec files must not end the scan loop
+            if not self._cdi_check_failed:
+                log.error("CDI spec check failed", err=repr(exc), exc_info=True)
+            self._cdi_check_failed = True
+        else:
+            self._cdi_check_failed = False
 
     # ----------------------------------------------------------------- scanning
     async def _reconcile(self) -> None:

@@ -38,6 +38,8 @@ SMI_CANCELLED: Final = "cancelled"
 LOCK_TIMEOUT: Final = "timeout"
 SCAN_DISCOVERY_FAILED: Final = "discovery_failed"
 REGISTRATION_FAILED: Final = "failed"
+# Whether a CDI spec defines every device the answers name (model.cdispec.CdiState).
+CDI_SPEC_STATES: Final = ("present", "missing", "unknown")
 
 # Every value each label can take, in the README's order: the series the daemon knows in
 # advance, created at 0 so that the first event of each kind is already an increase.
@@ -114,6 +116,9 @@ class Metrics:
 
     def host_read_stalled(self) -> None:
         """A host read outlived its wait (the warn record ``Host access did not finish``)."""
+
+    def cdi_spec(self, state: str) -> None:
+        """The CDI spec check's outcome: one of CDI_SPEC_STATES."""
 
     def instance_state(self, state: str) -> None:
         """What the instance does now: one of INSTANCE_STATES."""

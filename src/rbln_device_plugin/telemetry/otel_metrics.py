@@ -50,6 +50,7 @@ class OtelMetrics(Metrics):
         self._pull = pull
         self._render_lock = threading.Lock()
         self._tables: dict[str, Mapping[str, Entry]] = {}
+        self._cdi_state: str | None = None  # None until the first check
         self._state = m.STATE_WAITING_FOR_KUBELET_DIR
         self._stopped = False
         self.endpoint: MetricsEndpoint | None = None
@@ -134,6 +135,10 @@ class OtelMetrics(Metrics):
         meter.create_observable_gauge(
             f"{PREFIX}.device.healthy", [self._observe_healthy], "",
             "1 when the device is Healthy, 0 when Unhealthy")  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.cdi.spec", [self._observe_cdi], "",
+            "1 for the CDI spec check's current state: present, missing or unknown "
+            "(the daemon cannot tell)")  # fmt: skip
         meter.create_observable_gauge(
             f"{PREFIX}.build.info", [self._observe_build], "",
             "Always 1; the plugin's version as a label")  # fmt: skip
@@ -237,6 +242,9 @@ class OtelMetrics(Metrics):
     def host_read_stalled(self) -> None:
         self._stalls.add(1)
 
+    def cdi_spec(self, state: str) -> None:
+        self._cdi_state = state  # a str swap: collection threads read either value
+
     def instance_state(self, state: str) -> None:
         self._state = state
 
@@ -264,6 +272,11 @@ class OtelMetrics(Metrics):
 
     def _observe_dropped(self, _: CallbackOptions) -> Iterable[Observation]:
         yield Observation(logs.dropped_total())
+
+    def _observe_cdi(self, _: CallbackOptions) -> Iterable[Observation]:
+        current = self._cdi_state
+        for state in m.CDI_SPEC_STATES:
+            yield Observation(int(state == current), {"state": state})
 
     def _observe_build(self, _: CallbackOptions) -> Iterable[Observation]:
         yield Observation(1, {"version": __version__})

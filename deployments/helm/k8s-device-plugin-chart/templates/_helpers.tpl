@@ -92,10 +92,12 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- if not (gt $seconds 0.0) }}
 {{- fail (printf "devicePlugin.deviceScanInterval: %s is not a positive duration" $interval) }}
 {{- end }}
-{{- range $key := list "kubeletDevicePluginPath" "cdiRoot" }}
-{{- $path := get $plugin $key }}
+{{- $examples := dict "kubeletDevicePluginPath" "/var/lib/kubelet/device-plugins" "cdiRoot" "/var/run/cdi" "cdiStaticDir" "/etc/cdi" }}
+{{- $hostDirs := dict "kubeletDevicePluginPath" $plugin.kubeletDevicePluginPath "cdiRoot" $plugin.cdiRoot "cdiStaticDir" (dig "cdiStaticDir" "/etc/cdi" $plugin) }}
+{{- range $key := list "kubeletDevicePluginPath" "cdiRoot" "cdiStaticDir" }}
+{{- $path := toString (get $hostDirs $key) }}
 {{- if not (hasPrefix "/" $path) }}
-{{- fail (printf "devicePlugin.%s: %q is not an absolute path; give the host directory, such as %s" $key $path (ternary "/var/run/cdi" "/var/lib/kubelet/device-plugins" (eq $key "cdiRoot"))) }}
+{{- fail (printf "devicePlugin.%s: %q is not an absolute path; give the host directory, such as %s" $key $path (get $examples $key)) }}
 {{- end }}
 {{- if regexMatch "(^|/)\\.\\.(/|$)" $path }}
 {{- fail (printf "devicePlugin.%s: %q contains '..'; give the directory itself" $key $path) }}
@@ -133,6 +135,10 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- $cdiMode := dig "cdiMode" "annotation" $plugin }}
+{{- if not (has $cdiMode (list "annotation" "field" "both")) }}
+{{- fail (printf "devicePlugin.cdiMode: %q is not a CDI mode: annotation (the cdi.k8s.io annotation, as the Go plugin), field (the kubelet's cdi_devices, Kubernetes 1.28+) or both" (toString $cdiMode)) }}
+{{- end }}
 {{- $metrics := $plugin.metrics }}
 {{- if and $metrics.otlp.enabled (not $plugin.otlpEndpoint) }}
 {{- fail "devicePlugin.metrics.otlp.enabled: OTLP metrics need devicePlugin.otlpEndpoint (the collector)" }}
@@ -156,8 +162,11 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- fail (printf "devicePlugin.metrics.serviceMonitor.scrapeTimeout: %s is longer than the interval %s" $metrics.serviceMonitor.scrapeTimeout $metrics.serviceMonitor.interval) }}
 {{- end }}
 {{- $taken := dict "/dev" "the /dev mount" "/run/rbln" "the /run/rbln mount" "/host/usr/bin" "the host /usr/bin mount" }}
-{{- range $key := list "kubeletDevicePluginPath" "cdiRoot" }}
-{{- $path := clean (get $plugin $key) }}
+{{- range $key := list "kubeletDevicePluginPath" "cdiRoot" "cdiStaticDir" }}
+{{- $path := clean (get $hostDirs $key) }}
+{{- if and (eq $key "cdiStaticDir") (eq $path (clean $plugin.cdiRoot)) }}
+{{- continue }}{{/* one directory: the cdi-root mount serves both */}}
+{{- end }}
 {{- if hasKey $taken $path }}
 {{- fail (printf "devicePlugin.%s: %s is already used by %s; pick another directory" $key $path (get $taken $path)) }}
 {{- end }}

@@ -1,0 +1,123 @@
+"""Whether the container runtimes can resolve the CDI device the answers name.
+
+Checked at start and after every scan: one bounded listing per spec directory, the
+files re-read only when a listing changed (``host.cdidirs``), the verdict from
+``model.cdispec``. What the operator reads: one warn record when the spec goes missing,
+one info record when that ends (found, or no longer knowable), an info record when the
+daemon cannot tell (a directory it cannot see, a file it could not check; never taken
+for "missing"), and the ``rbln_device_plugin_cdi_spec`` gauge. Allocate's answers never
+depend on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, CdiState, Verdict, resolve
+from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.telemetry.metrics import Metrics
+
+# What the records say about who is affected and who fixes it.
+REFUSED_BY: Final = (
+    "containerd 2.x (CreateContainerError: CDI device injection failed: unresolvable CDI "
+    "devices), and containerd 1.7 or CRI-O with CDI enabled"
+)
+WRITTEN_BY: Final = (
+    "the RBLN container toolkit (rbln.yaml) or the RBLN NPU operator's toolkit component"
+)
+_SHOWN_FILES: Final = 16  # per field of a record; a directory of junk stays one line
+
+log = get_logger()
+
+
+class CdiSpecCheck:
+    """The daemon's view of the CDI spec, and the records when it changes."""
+
+    def __init__(self, config: Config, hostio: HostIO, metrics: Metrics) -> None:
+        self._dirs = tuple(str(path) for path in config.cdi_spec_dirs)
+        self._mode = config.cdi_mode
+        self._hostio = hostio
+        self._metrics = metrics
+        self._reader = SpecDirReader()
+        self.verdict: Verdict | None = None
+        self._missing_since: float | None = None
+        self._malformed_seen: dict[str, str] = {}
+
+    async def check(self) -> Verdict:
+        dirs = await read_spec_dirs(self._hostio, self._reader, self._dirs)
+        verdict = resolve(dirs, REFERENCED_DEVICES)
+        previous, self.verdict = self.verdict, verdict
+        self._report(previous, verdict)
+        self._metrics.cdi_spec(verdict.state.value)
+        return verdict
+
+    def _report(self, previous: Verdict | None, verdict: Verdict) -> None:
+        for path, reason in verdict.malformed.items():
+            if self._malformed_seen.get(path) != reason:
+                log.debug("CDI spec file is unusable; the runtimes skip it", path=path, err=reason)
+        self._malformed_seen = dict(verdict.malformed)
+        before = previous.state if previous is not None else None
+        if verdict.state is before:
+            if (
+                verdict.state is CdiState.PRESENT
+                and previous is not None
+                and (previous.found != verdict.found)
+            ):
+                log.debug("CDI spec moved", specFiles=dict(verdict.found))
+            return
+        fields = self._fields(verdict)
+        if verdict.state is CdiState.MISSING:
+            self._missing_since = time.monotonic()
+            log.warning(
+                "No CDI spec defines the NPU CDI device; CDI-enabled container runtimes will "
+                "refuse NPU containers until one is written",
+                **fields, refusedBy=REFUSED_BY, writtenBy=WRITTEN_BY,
+            )  # fmt: skip
+            return
+        ended = self._ended_missing()
+        if verdict.state is CdiState.PRESENT:
+            log.info("CDI spec found for the NPU CDI device", **fields, **ended)
+        else:
+            log.info(
+                "Cannot tell whether a CDI spec defines the NPU CDI device",
+                **fields, **ended, writtenBy=WRITTEN_BY,
+            )  # fmt: skip
+
+    def _ended_missing(self) -> dict[str, Any]:
+        since, self._missing_since = self._missing_since, None
+        if since is None:
+            return {}
+        return {"missingSeconds": round(time.monotonic() - since, 1)}
+
+    def _fields(self, verdict: Verdict) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "cdiDevices": list(verdict.wanted),
+            "cdiMode": self._mode,
+            "specDirs": list(self._dirs),
+        }
+        if verdict.found:
+            fields["specFiles"] = dict(verdict.found)
+        if verdict.missing:
+            fields["missing"] = list(verdict.missing)
+        for name, value in (
+            ("notVisible", verdict.unseen),
+            ("notChecked", verdict.unchecked),
+            ("unusable", verdict.malformed),
+        ):
+            if value:
+                fields[name] = _bounded(value)
+        if verdict.conflicts:
+            fields["conflicts"] = {d: list(p) for d, p in verdict.conflicts.items()}
+        return fields
+
+
+def _bounded(items: Mapping[str, str]) -> dict[str, str]:
+    shown = dict(list(items.items())[:_SHOWN_FILES])
+    if len(items) > _SHOWN_FILES:
+        shown["..."] = f"{len(items) - _SHOWN_FILES} more"
+    return shown

@@ -1,0 +1,312 @@
+"""CDI spec files as the runtimes read them: the library's name rules, one file's checks,
+the directories' precedence, and hostile files on a real directory (never a crash)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import string
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rbln_device_plugin import config
+from rbln_device_plugin.host import cdidirs
+from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dir
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.model import cdispec
+from rbln_device_plugin.model.cdispec import (
+    CdiState,
+    FileState,
+    SpecError,
+    parse_spec,
+    resolve,
+    validate_device_name,
+    validate_vendor_or_class,
+)
+from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
+from rbln_device_plugin.telemetry.metrics import NOOP
+
+RUNTIME = "rebellions.ai/npu=runtime"
+GOOD = """\
+cdiVersion: 0.6.0
+kind: rebellions.ai/npu
+devices:
+  - name: runtime
+    containerEdits:
+      env: [RBLN_CDI=1]
+"""
+
+
+def spec_text(
+    kind: str = "rebellions.ai/npu", name: str = "runtime", version: str = "0.6.0"
+) -> str:
+    return (
+        f'cdiVersion: "{version}"\nkind: "{kind}"\ndevices:\n'
+        f'  - name: "{name}"\n    containerEdits: {{env: [A=1]}}\n'
+    )
+
+
+# ---------------------------------------------------------------- names (pkg/parser)
+LETTERS = set(string.ascii_letters)
+ALNUM = LETTERS | set(string.digits)
+
+
+def go_vendor_or_class_ok(name: str) -> bool:
+    """validateVendorOrClassName, character by character as the Go source walks it."""
+    if not name or name[0] not in LETTERS:
+        return False
+    if any(c not in ALNUM | set("_-.") for c in name[1:-1]):
+        return False
+    return name[-1] in ALNUM
+
+
+def go_device_name_ok(name: str) -> bool:
+    if not name or name[0] not in ALNUM:
+        return False
+    if len(name) == 1:
+        return True
+    if any(c not in ALNUM | set("_-.:") for c in name[1:-1]):
+        return False
+    return name[-1] in ALNUM
+
+
+NAME_CHARS = st.text(alphabet=string.ascii_letters[:6] + "09_-.:/= é\n", max_size=8)
+
+
+@given(NAME_CHARS)
+def test_vendor_and_class_rules_match_the_go_parser(name: str) -> None:
+    try:
+        validate_vendor_or_class(name, "vendor")
+        ours = True
+    except SpecError:
+        ours = False
+    assert ours == go_vendor_or_class_ok(name)
+
+
+@given(NAME_CHARS)
+def test_device_name_rules_match_the_go_parser(name: str) -> None:
+    try:
+        validate_device_name(name)
+        ours = True
+    except SpecError:
+        ours = False
+    assert ours == go_device_name_ok(name)
+
+
+# ---------------------------------------------------------------- one file
+def test_the_toolkit_spec_defines_the_runtime_device() -> None:
+    spec = parse_spec(GOOD)
+    assert spec.kind == "rebellions.ai/npu" and spec.devices == {RUNTIME}
+    assert parse_spec('{"cdiVersion":"0.5.0","kind":"rebellions.ai/npu","devices":'
+                      '[{"name":"runtime","containerEdits":{"deviceNodes":[{"path":"/dev/rsd0"}]}}]}'
+                      ).devices == {RUNTIME}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "empty"),
+        ("   \n# only a comment\n", "empty"),
+        ("{{{ not yaml", "not YAML or JSON"),
+        ("\xc3\x28 invalid UTF-8", "not YAML or JSON"),
+        ("- a\n- b\n", "not a mapping"),
+        (spec_text(kind="npu"), "invalid kind"),
+        (spec_text(kind="rebellions.ai/"), "invalid kind"),
+        (spec_text(kind="9vendor/npu"), "should start with a letter"),
+        (spec_text(name="a/b"), "invalid device name 'a/b'"),
+        (spec_text(name="-x"), "invalid device name"),
+        (spec_text(name="runtime:"), "invalid device name"),
+        (spec_text(version="1.0.0"), "invalid cdiVersion"),
+        (spec_text(version="0.2.0").replace("npu", "npu.v2", 1), "at least v0.6.0"),
+        ("cdiVersion: 0.6\nkind: rebellions.ai/npu\ndevices: []\n", "must be a string"),
+        ("cdiVersion: 0.6.0\nkind: rebellions.ai/npu\ndevices: []\n", "no devices"),
+        ("cdiVersion: 0.6.0\nkind: rebellions.ai/npu\n", "no devices"),
+        (GOOD + "extra: 1\n", "unknown field 'extra'"),
+        (GOOD.replace("      env: [RBLN_CDI=1]", "      env: [NOEQUALS]"), "environment"),
+        (GOOD.replace("    containerEdits:\n      env: [RBLN_CDI=1]\n", ""), "empty container"),
+        (GOOD + "  - name: runtime\n    containerEdits: {env: [A=1]}\n", "multiple device"),
+        (GOOD.replace("env: [RBLN_CDI=1]", "hooks: [{hookName: later, path: /x}]"), "hook"),
+        (GOOD.replace("env: [RBLN_CDI=1]", "mounts: [{hostPath: /x}]"), "containerPath"),
+    ],
+)
+def test_unusable_files_say_why(text: str, why: str) -> None:
+    with pytest.raises(SpecError, match=None) as caught:
+        parse_spec(text.encode("latin-1") if text.startswith("\xc3") else text)
+    assert why in str(caught.value), caught.value
+
+
+def test_alias_bombs_stop_at_the_budget() -> None:
+    # 15 KB of YAML: one env list of 1000 entries, referenced by 200 devices. Walking it
+    # would visit 200,000 values; the check stops at its budget instead.
+    env = ", ".join(["A=1"] * 1000)
+    devices = "".join(f"  - {{name: d{i}, containerEdits: {{env: *e}}}}\n" for i in range(200))
+    text = f"cdiVersion: 0.6.0\nkind: rebellions.ai/npu\ncontainerEdits: {{env: &e [{env}]}}\n"
+    text += f"devices:\n{devices}"
+    assert len(text) < 16_000
+    with pytest.raises(SpecError, match="too complex"):
+        parse_spec(text)
+
+
+# ---------------------------------------------------------------- precedence
+def usable(path: str, *devices: str) -> cdispec.SpecFile:
+    return cdispec.SpecFile(path, FileState.USABLE, cdispec.Spec("rebellions.ai/npu",
+                                                                   frozenset(devices)))  # fmt: skip
+
+
+def test_precedence_conflicts_and_what_cannot_be_told() -> None:
+    etc, run = "/etc/cdi", "/var/run/cdi"
+    found = resolve([cdispec.SpecDir(etc, (usable(f"{etc}/rbln.yaml", RUNTIME),)),
+                     cdispec.SpecDir(run)])  # fmt: skip
+    assert found.state is CdiState.PRESENT and found.found == {RUNTIME: f"{etc}/rbln.yaml"}
+    # A later directory's definition wins; both are fine.
+    both = resolve([cdispec.SpecDir(etc, (usable(f"{etc}/a.yaml", RUNTIME),)),
+                    cdispec.SpecDir(run, (usable(f"{run}/b.yaml", RUNTIME),))])  # fmt: skip
+    assert both.found == {RUNTIME: f"{run}/b.yaml"}
+    # Two files of one directory: the library drops the device, even if another defines it.
+    clash = resolve([
+        cdispec.SpecDir(etc, (usable(f"{etc}/a.yaml", RUNTIME), usable(f"{etc}/b.yaml", RUNTIME))),
+        cdispec.SpecDir(run, (usable(f"{run}/c.yaml", RUNTIME),)),
+    ])  # fmt: skip
+    assert clash.state is CdiState.MISSING and RUNTIME in clash.conflicts
+    # Not visible: cannot tell, never missing.
+    unseen = resolve([cdispec.SpecDir(etc, error="does not exist here"), cdispec.SpecDir(run)])
+    assert unseen.state is CdiState.UNKNOWN and unseen.unseen == {etc: "does not exist here"}
+    # A file that could not be checked: cannot tell either; a malformed one is no excuse.
+    skipped = cdispec.SpecFile(f"{run}/big.yaml", FileState.UNCHECKED, reason="too large")
+    bad = cdispec.SpecFile(f"{run}/bad.yaml", FileState.MALFORMED, reason="not YAML")
+    assert resolve([cdispec.SpecDir(etc), cdispec.SpecDir(run, (skipped,))]).state is (
+        CdiState.UNKNOWN
+    )
+    missing = resolve([cdispec.SpecDir(etc), cdispec.SpecDir(run, (bad,))])
+    assert missing.state is CdiState.MISSING
+    assert missing.malformed == {f"{run}/bad.yaml": "not YAML"}
+    # Another vendor's device does not count.
+    other = resolve([cdispec.SpecDir(etc, (usable(f"{etc}/x.yaml", "vendor.com/gpu=all"),))])
+    assert other.state is CdiState.MISSING and other.missing == (RUNTIME,)
+
+
+# ---------------------------------------------------------------- a real directory
+@pytest.fixture
+def hostile(tmp_path: Path) -> Path:
+    """A spec directory with one of every hostile file, and no usable spec."""
+    d = tmp_path / "cdi"
+    d.mkdir()
+    (d / "empty.yaml").write_text("")
+    (d / "garbage.yaml").write_bytes(b"\x00\x01{{{: not yaml ]]]")
+    (d / "other.yaml").write_text(spec_text(kind="vendor.com/gpu", name="all"))
+    (d / "slash.yaml").write_text(spec_text(name="npu/runtime"))
+    with open(d / "huge.yaml", "wb") as handle:
+        handle.truncate(10 * 1024 * 1024)  # 10 MB
+    os.symlink("loop-b.yaml", d / "loop-a.yaml")
+    os.symlink("loop-a.yaml", d / "loop-b.yaml")
+    os.symlink("/etc/passwd", d / "outside.yaml")
+    os.symlink("missing.yaml", d / "dangling.yaml")
+    os.mkfifo(d / "fifo.yaml")
+    (d / "subdir.yaml").mkdir()
+    (d / "subdir.yaml" / "rbln.yaml").write_text(GOOD)  # subdirectories are skipped
+    (d / "rbln.yml").write_text(GOOD)  # .yml is not a spec file to the library
+    unreadable = d / "unreadable.yaml"
+    unreadable.write_text(GOOD)
+    unreadable.chmod(0)
+    return d
+
+
+def states(directory: cdispec.SpecDir) -> dict[str, tuple[FileState, str]]:
+    return {Path(f.path).name: (f.state, f.reason) for f in directory.files}
+
+
+def test_hostile_files_are_reported_and_never_read_unsafely(hostile: Path) -> None:
+    seen = states(read_spec_dir(str(hostile)))
+    malformed = {name for name, (state, _) in seen.items() if state is FileState.MALFORMED}
+    assert {"empty.yaml", "garbage.yaml", "slash.yaml", "loop-a.yaml", "loop-b.yaml",
+            "dangling.yaml", "fifo.yaml"} <= malformed  # fmt: skip
+    assert seen["huge.yaml"][0] is FileState.UNCHECKED and "larger" in seen["huge.yaml"][1]
+    assert seen["outside.yaml"][0] is FileState.UNCHECKED
+    assert "leaves the directory" in seen["outside.yaml"][1]
+    assert seen["other.yaml"][0] is FileState.USABLE
+    assert "subdir.yaml" not in seen and "rbln.yml" not in seen
+    assert "FIFO" in seen["fifo.yaml"][1] and "loop" in seen["loop-a.yaml"][1]
+    if os.geteuid() != 0:  # root reads a mode-0 file anyway, as the runtime would
+        assert seen["unreadable.yaml"][0] is FileState.UNCHECKED
+    verdict = resolve([read_spec_dir(str(hostile))])
+    # root: the mode-0 copy of the good spec is readable, and it defines the device.
+    expected = CdiState.PRESENT if os.geteuid() == 0 else CdiState.UNKNOWN
+    assert verdict.state is expected
+
+
+def test_a_sibling_symlink_is_followed_and_changes_are_noticed(tmp_path: Path) -> None:
+    d = tmp_path / "cdi"
+    d.mkdir()
+    (d / "rbln-v2").write_text(GOOD)
+    os.symlink("./rbln-v2", d / "rbln.yaml")
+    reader = SpecDirReader()
+    first = reader.read(str(d))
+    assert resolve([first]).found == {RUNTIME: str(d / "rbln.yaml")}
+    assert reader.read(str(d)) is first  # an unchanged listing is not read again
+    (d / "rbln-v2").write_text(spec_text(name="other"))  # the target changes alone
+    assert resolve([reader.read(str(d))]).state is CdiState.MISSING
+
+
+def test_a_directory_that_cannot_be_seen_is_not_missing(tmp_path: Path) -> None:
+    gone = read_spec_dir(str(tmp_path / "absent"))
+    assert "does not exist here" in gone.error
+    (tmp_path / "file").write_text("")
+    assert "not a directory" in read_spec_dir(str(tmp_path / "file")).error
+    assert resolve([gone]).state is CdiState.UNKNOWN
+
+
+def test_the_listing_cap_leaves_the_rest_unchecked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cdidirs, "MAX_SPEC_FILES", 3)
+    for index in range(5):
+        (tmp_path / f"x{index}.yaml").write_text(spec_text(kind="vendor.com/gpu"))
+    listed = read_spec_dir(str(tmp_path))
+    assert len(listed.files) == 3 and listed.truncated == 2
+    assert resolve([listed]).state is CdiState.UNKNOWN
+
+
+# ---------------------------------------------------------------- the daemon's check
+class HangingReader(SpecDirReader):
+    """A spec directory on a hung mount: listing it never returns until released."""
+
+    def __init__(self, hung: str) -> None:
+        super().__init__()
+        self.hung, self.release = hung, threading.Event()
+
+    def read(self, path: str) -> cdispec.SpecDir:
+        if path == self.hung:
+            self.release.wait(30)
+        return super().read(path)
+
+
+async def test_a_hung_spec_directory_is_cannot_tell_within_the_host_io_bound(
+    tmp_path: Path,
+) -> None:
+    etc, run = tmp_path / "etc", tmp_path / "run"
+    etc.mkdir()
+    run.mkdir()
+    cfg = config.resolve({"cdi_static_dir": str(etc), "cdi_root": str(run)}, {})
+    check = CdiSpecCheck(cfg, HostIO(timeout=0.3), NOOP)
+    reader = HangingReader(str(etc))
+    check._reader = reader  # the hung mount stands in for a real one
+    try:
+        verdict = await asyncio.wait_for(check.check(), 10)
+        assert verdict.state is CdiState.UNKNOWN
+        assert "did not finish" in verdict.unseen[str(etc)]
+        # While it is still stuck, the next check answers at once, still "cannot tell".
+        again = await asyncio.wait_for(check.check(), 10)
+        assert "still blocked" in again.unseen[str(etc)]
+    finally:
+        reader.release.set()
+    (run / "rbln.yaml").write_text(GOOD)
+    for _ in range(100):  # the released read returns; then the spec in run/ is found
+        verdict = await check.check()
+        if verdict.state is CdiState.PRESENT:
+            break
+        await asyncio.sleep(0.05)
+    assert verdict.state is CdiState.PRESENT
