@@ -22,7 +22,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rbln_device_plugin import _build_version, config, options
@@ -892,6 +892,9 @@ _TERM = st.tuples(
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(sign=st.sampled_from(["", "+"]), terms=st.lists(_TERM, min_size=1, max_size=3))
+# Go cuts each term to whole nanoseconds: ".1ns" is 0 s, and "0.5ns1ns" is 1 ns.
+@example(sign="", terms=[(".1", "ns")])
+@example(sign="", terms=[("0.5", "ns"), ("1", "ns")])
 def test_scan_interval_helm_and_daemon_agree(
     helm: Helm, sign: str, terms: list[tuple[str, str]]
 ) -> None:

@@ -60,15 +60,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 A Go duration in seconds, e.g. "1m30s" -> 90. The schema has already checked the syntax.
 Sprig's float helpers compute in decimal, so "24h", "1440m" and "86400000ms" all give 86400.
+Each term is cut to whole nanoseconds, as time.ParseDuration cuts it: ".1ns" is 0.
 */}}
 {{- define "rbln-device-plugin.durationSeconds" -}}
-{{- $factors := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "μs" 0.000001 "ms" 0.001 "s" 1 "m" 60 "h" 3600 }}
+{{- $factors := dict "ns" 1 "us" 1000 "µs" 1000 "μs" 1000 "ms" 1000000 "s" 1000000000 "m" 60000000000 "h" 3600000000000 }}
 {{- $total := 0.0 }}
 {{- range regexFindAll "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)" (toString .) -1 }}
 {{- $unit := regexFind "(ns|us|µs|μs|ms|s|m|h)$" . }}
-{{- $total = addf $total (mulf (trimSuffix $unit .) (get $factors $unit)) }}
+{{- $total = addf $total (floor (mulf (trimSuffix $unit .) (get $factors $unit))) }}
 {{- end }}
-{{- $total }}
+{{- divf $total 1000000000 }}
 {{- end }}
 
 {{/*
