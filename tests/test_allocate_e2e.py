@@ -281,4 +281,9 @@ async def test_a_driver_reload_between_scans_never_hands_out_a_wrong_device() ->
         assert [s[1] for s in specs(container)] == [str(dev / f"rsd{gid}"), str(dev / "rbln0"),
                                                     str(dev / "rbln2")]  # fmt: skip
         errors = [r for r in h.daemon.records if r.get("level") == "error"]
-        assert errors == [record]
+        # The refusal is also the failure record every failed allocation logs, right
+        # after the record that says why, so an alert keyed on it sees it too.
+        failed = [r for r in errors if r["msg"] == "Container allocation failed"]
+        assert len(failed) == 1 and errors == [record, failed[0]], errors
+        assert failed[0]["deviceIDs"] == ["rbln0", "rbln2"] and "rbln0" in failed[0]["err"]
+        assert before["rbln1"] in failed[0]["err"] and "durationMs" in failed[0]

@@ -81,3 +81,14 @@ def test_an_older_full_install_serves_the_demo_without_installing(clone: Path) -
     make(clone, "demo")
     assert calls(clone) == ["demo"]
     assert (clone / ".venv" / ".runtime-stamp").exists()
+
+
+def test_test_says_how_long_it_takes_and_what_it_needs_before_anything_runs(
+    clone: Path,
+) -> None:
+    planned = make(clone, "-n", "test").splitlines()
+    banner = [i for i, line in enumerate(planned) if "make test:" in line]
+    work = [i for i, line in enumerate(planned) if not line.startswith("echo ")]
+    assert banner and work and banner[0] < work[0], planned
+    said = make(clone, "test-banner")
+    assert "minutes" in said and "Go 1.26+" in said and "Python 3.11+" in said

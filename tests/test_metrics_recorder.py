@@ -1,5 +1,5 @@
 """The recorder with metrics on, in process: every event lands in its series, snapshots
-stay consistent while collection runs on another thread, and the README's table lists
+stay consistent while collection runs on another thread, and docs/metrics.md's table lists
 exactly the metrics there are, with their types and labels."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rbln_device_plugin.telemetry.otel_metrics import OtelMetrics
 
 from .metrics_helpers import parse, total, value
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 NPU = "rebellions.ai/npu"
 
 
@@ -117,8 +117,8 @@ def test_collection_on_another_thread_sees_whole_scans(recorder: OtelMetrics) ->
 
 
 def readme_table() -> dict[str, tuple[str, frozenset[str]]]:
-    """The README's metric table: name -> (type, label names)."""
-    section = README.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    """The metrics page's table: name -> (type, label names)."""
+    section = METRICS_PAGE.read_text().split("\n## What is reported\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(rbln_device_plugin_\w+)` \| (\w+) \| [^|]+ \| ([^|]+) \|", section,
                       flags=re.M)  # fmt: skip
     return {name: (kind, frozenset(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}

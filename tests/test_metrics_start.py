@@ -24,7 +24,7 @@ from .test_instance import held_by_us
 
 NPU = "rebellions.ai/npu"
 ON = ["--metrics-port", "0"]
-README = Path(__file__).resolve().parent.parent / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 
 
 def state(samples: Samples) -> str | None:
@@ -84,11 +84,11 @@ async def test_a_taken_port_is_one_record_and_a_retry_never_an_exit() -> None:
 
 
 def _readme_series_counts() -> tuple[int, int]:
-    """The README's stated counts: series per resource, and per node besides them."""
-    text = README.read_text()
+    """The metrics page's stated counts: series per resource, and per node besides them."""
+    text = METRICS_PAGE.read_text()
     per_resource = re.search(r"(\d+) series per resource", text)
     per_node = re.search(r"(\d+) series per node", text)
-    assert per_resource and per_node, "the README states the series counts"
+    assert per_resource and per_node, "docs/metrics.md states the series counts"
     return int(per_resource.group(1)), int(per_node.group(1))
 
 

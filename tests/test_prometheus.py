@@ -3,8 +3,8 @@
 It scrapes every 0.5 s. The test waits until Prometheus has stored the 0 samples of the
 labelled series before it makes anything happen (a fault made earlier would hide what
 this is about: a counter that first appears at 1 shows no ``increase()``), then faults a
-device, has an Allocate of it refused, and evaluates every PromQL query of the README's
-Metrics section through the HTTP API. The alerts of ``deployments/prometheus/rules.yaml``
+device, has an Allocate of it refused, and evaluates every PromQL query of docs/metrics.md
+through the HTTP API. The alerts of ``deployments/prometheus/rules.yaml``
 (with their ``for:`` windows shortened, as the chart's ``forOverride`` does) are loaded
 too: "an NPU is unhealthy" and "allocations are failing" must reach ``firing``.
 ``promtool check metrics`` must find nothing to say about a scrape of each preset.
@@ -29,14 +29,14 @@ from .prometheus_server import RULES, binary, prometheus, promtool
 from .simnode import rejected, running
 
 NPU = "rebellions.ai/npu"
-README = Path(__file__).resolve().parent.parent / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 P = "rbln_device_plugin_"
 Result = list[dict[str, Any]]
 
 
 def readme_queries() -> list[str]:
-    """The PromQL queries of the README's Metrics section, comments left out."""
-    section = README.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    """The PromQL queries of docs/metrics.md, comments left out."""
+    section = METRICS_PAGE.read_text()
     queries: list[str] = []
     for block in re.findall(r"```promql\n(.*?)```", section, flags=re.S):
         current: list[str] = []

@@ -1,5 +1,6 @@
-"""Every shell command the README shows for the demo, the simulator, troubleshooting and
-checking the chart runs as printed, in a fresh directory, and prints what the README shows.
+"""Every shell command the documentation shows for the demo, the simulator, troubleshooting
+and checking the chart (docs/simulator.md, docs/troubleshooting.md, docs/deployment.md)
+runs as printed, in a fresh directory, and prints what the page shows.
 
 The fresh directory holds what a clone has at its top (the Makefile, the two
 pyproject files, ``deployments/``, and the clone's ``.venv`` and ``.tools``), nothing else.
@@ -8,7 +9,7 @@ paste them; ``serve`` and the daemon run in the background like the README's sec
 third shells. Only two things are changed: the README's node roots under /tmp become
 fresh directories of the same length (parallel runs never share a node, and long lines
 wrap exactly as printed), and the demo's random temporary name, times, durations and
-process IDs are compared as placeholders. The three kubectl commands need a cluster and
+process IDs are compared as placeholders. The kubectl commands need a cluster and
 are the only ones not run; the test fails if any other command is left out.
 """
 
@@ -31,10 +32,11 @@ import pytest
 from .readme_blocks import Command, commands, mismatch, readme, sections
 
 REPO = Path(__file__).resolve().parent.parent
+# (page, section title): None is the whole page. The chart check comes first.
 SECTIONS = (
-    "### Checking the chart without a cluster",
-    "## Try it without hardware: the simulated node",
-    "## Troubleshooting a node",
+    ("docs/deployment.md", "## Checking the chart without a cluster"),
+    ("docs/simulator.md", None),
+    ("docs/troubleshooting.md", None),
 )
 ROOTS = ("/tmp/rbln-sim", "/tmp/rbln-bad", "/tmp/rbln-readme")
 NEEDS_A_CLUSTER = {
@@ -42,6 +44,7 @@ NEEDS_A_CLUSTER = {
     "kubectl -n k8s-device-plugin exec <pod> -- rbln-device-plugin inspect",
     "kubectl -n k8s-device-plugin exec <pod> -- rbln-device-plugin inspect --output json"
     " > node.json",
+    "kubectl -n k8s-device-plugin exec <pod> -- rbln-device-plugin inspect | grep -i cdi",
 }
 BANNER_END = "Kubelet stand-in events follow; Ctrl-C stops it (the node stays)."
 # What the daemon registers on the README's rebel-sriov node, as serve reports it.
@@ -150,14 +153,20 @@ def environment(fresh: Path) -> dict[str, str]:
     return env
 
 
-def readme_commands(*titles: str) -> list[Command]:
-    text = readme(REPO / "README.md")
-    return [c for title, body in sections(text, titles).items() for c in commands(body, title)]
+def readme_commands(*where: tuple[str, str | None]) -> list[Command]:
+    found: list[Command] = []
+    for page, title in where:
+        text = readme(REPO / page)
+        if title is None:
+            found += commands(text, page)
+        else:
+            found += [c for t, body in sections(text, (title,)).items() for c in commands(body, t)]
+    return found
 
 
 def test_only_the_cluster_commands_are_left_out() -> None:
     found = {c.text for c in readme_commands(*SECTIONS)}
-    assert found >= NEEDS_A_CLUSTER, "the README's cluster commands changed"
+    assert found >= NEEDS_A_CLUSTER, "the pages' cluster commands changed"
     assert len(found) >= 25
 
 

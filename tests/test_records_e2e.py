@@ -1,6 +1,6 @@
-"""What the running daemon's records look like, checked against the README.
+"""What the running daemon's records look like, checked against docs/logging.md.
 
-Key order, the README's sample record, how odd status values and an empty rbln-smi
+Key order, the logging page's sample record, how odd status values and an empty rbln-smi
 listing are reported: each through the real daemon process on a simulated node.
 """
 
@@ -16,20 +16,20 @@ from .daemon_process import DaemonProcess
 from .simnode import running
 
 NPU = "rebellions.ai/npu"
-README = Path(__file__).resolve().parent.parent / "README.md"
+LOGGING_PAGE = Path(__file__).resolve().parent.parent / "docs" / "logging.md"
 COUNTS = ["deviceCount", "healthyCount", "unhealthyCount"]
 _TS = re.compile(r'"ts":"[^"]*"')
 
 
 def _readme_sample() -> str:
-    """The one-line JSON sample record in the README's Logging section."""
-    section = README.read_text().split("\n## Logging\n", 1)[1].split("\n## ", 1)[0]
+    """The one-line JSON sample record in the logging page's record format section."""
+    section = LOGGING_PAGE.read_text().split("\n## Record format\n", 1)[1].split("\n## ", 1)[0]
     (sample,) = re.findall(r"```json\n(.*?)\n```", section, re.DOTALL)
     return sample
 
 
 async def test_readme_sample_record_is_what_the_daemon_writes() -> None:
-    # The README's scene: eight devices, rbln3 goes from READY to FAULT.
+    # The logging page's scene: eight devices, rbln3 goes from READY to FAULT.
     async with running(generate(2, 4), level="info") as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 8)
         await h.daemon.await_log("Device exposed", count=8)

@@ -298,6 +298,9 @@ class Allocator:
                     **fields, device=exc.device, snapshotBusID=exc.snapshot_bus_id,
                     currentBusID=exc.current_bus_id, durationMs=_ms(started),
                 )  # fmt: skip
+                # Also the failure record every other failed allocation logs, so an
+                # alert keyed on it sees this refusal too.
+                log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
                 raise AllocationError(
                     f"{self._resource}: {exc}",
                     logged=True,
