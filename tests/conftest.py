@@ -37,6 +37,51 @@ def _fresh_structlog() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+# ---------------------------------------------------------------- parallel runs
+# `make test` runs the suite on several pytest-xdist workers with `--dist loadgroup`: the
+# tests of one xdist_group run on one worker, one after another; every other test is a unit
+# of its own, sent to whichever worker is free. The groups (docs/testing.md):
+HOST_GLOBAL = "host-global"  # the kubelet peer and the real cluster: root, fixed host paths
+MACHINE_LOAD = "machine-load"  # tests that load every core, or read resident memory under load
+# Modules whose module-scoped fixture is costly (a daemon, a Go build, the image's venv): on
+# one worker, set up once.
+MODULE_GROUPS = {
+    "test_deploy_image": "test_deploy_image",
+    "test_goparse": "test_goparse",
+    "test_hostile": "test_hostile",
+}
+LOAD_SENSITIVE = {"test_load.py::test_resident_memory_levels_off_over_10000_calls"}
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("kubelet_peer") or item.get_closest_marker("realnode"):
+        return HOST_GLOBAL
+    fixtures = getattr(item, "fixturenames", ())
+    if "loaded_machine" in fixtures or item.nodeid.split("/")[-1] in LOAD_SENSITIVE:
+        return MACHINE_LOAD
+    return MODULE_GROUPS.get(item.path.stem)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    parallel = config.getoption("dist", "no") != "no" or hasattr(config, "workerinput")
+    if parallel and not config.getoption("random_order", False):
+        # The longest first (a test with its own long timeout, such as the benchmark run of
+        # minutes, then the other slow ones): a worker that picks one up last would run
+        # alone at the end. Stable, so every worker sorts alike.
+        items.sort(key=_longest_first)
+
+
+def _longest_first(item: pytest.Item) -> tuple[bool, float]:
+    timeout = item.get_closest_marker("timeout")
+    own_timeout = float(timeout.args[0]) if timeout is not None and timeout.args else 0.0
+    return item.get_closest_marker("slow") is None, -own_timeout
+
+
 # ---------------------------------------------------------------- the kubelet peer
 KUBELET_PEER_BUILDS = pytest.StashKey[dict[str, kubelet_peer.Build]]()
 
