@@ -42,8 +42,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py
 
+# The suite in two runs (docs/testing.md). First the Go-built layers (the kubelet's device
+# manager, the real cluster), one test at a time: their builds print progress here, and they
+# hold host-wide state. Then everything else on PYTEST_WORKERS pytest-xdist workers, the
+# tests of one xdist_group (tests/conftest.py) on one worker. PYTEST_WORKERS=0 runs it
+# serially. A first run that selects nothing (PYTEST_ARGS naming other tests) is fine.
+PYTEST_WORKERS ?= 4
+GO_LAYERS := kubelet_peer or realnode
+
+GO_RUN := $(BIN)/pytest -q -m "($(GO_LAYERS)) and not soak" $(PYTEST_ARGS)
+PARALLEL_RUN := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	-m "not ($(GO_LAYERS)) and not soak" $(PYTEST_ARGS)
+
+# Both runs always run; make fails when either failed.
 pytest: $(STAMP) tools prometheus e2e-deps
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	@echo '$(GO_RUN)'; status=0; $(GO_RUN) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
+	echo '$(PARALLEL_RUN)'; $(PARALLEL_RUN) || status=$$?; exit $$status
 
 # Said first, before anything installs: what `make test` costs (docs/testing.md).
 test: test-banner lint typecheck pytest

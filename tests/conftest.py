@@ -3,6 +3,7 @@ bytes, so pytest's deep tmp_path is not always usable) and a loaded machine."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -69,10 +70,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     parallel = config.getoption("dist", "no") != "no" or hasattr(config, "workerinput")
-    if parallel and not config.getoption("random_order", False):
+    if parallel:
         # The longest first (a test with its own long timeout, such as the benchmark run of
         # minutes, then the other slow ones): a worker that picks one up last would run
-        # alone at the end. Stable, so every worker sorts alike.
+        # alone at the end. Stable, so every worker sorts alike; pytest-random-order, when
+        # asked to, shuffles after this.
         items.sort(key=_longest_first)
 
 
@@ -92,6 +94,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Building here keeps a cold build (minutes: module download and compile) out of every
     test's timeout; later sessions reuse the cached binaries.
     """
+    go_layers = any(
+        item.get_closest_marker("kubelet_peer") or item.get_closest_marker("realnode")
+        for item in session.items
+    )
+    if not go_layers or not hasattr(session.config, "workerinput"):
+        _prepare_go_layers(session)
+        return
+    # Under pytest-xdist every worker collects every test and comes here: one builds at a
+    # time, and the others then find its cached binaries. (make test runs these layers
+    # without xdist, where the builds' progress lines are seen.)
+    with open(Path(tempfile.gettempdir()) / "rbln-device-plugin-go-builds.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _prepare_go_layers(session)
+
+
+def _prepare_go_layers(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     prepare_session(session, reporter.write_line if reporter is not None else print)
     wanted = sorted(

@@ -915,6 +915,7 @@ _TERM = st.tuples(
 )
 
 
+@pytest.mark.slow  # about 40 helm runs: seconds
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(sign=st.sampled_from(["", "+"]), terms=st.lists(_TERM, min_size=1, max_size=3))
 # Go cuts each term to whole nanoseconds: ".1ns" is 0 s, and "0.5ns1ns" is 1 ns.
@@ -970,6 +971,7 @@ _ENDPOINT = st.tuples(
 )  # fmt: skip
 
 
+@pytest.mark.slow  # about 60 helm runs: seconds
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(parts=_ENDPOINT)
 def test_otlp_endpoint_helm_and_daemon_agree(helm: Helm, parts: tuple[str, str, str, str]) -> None:
