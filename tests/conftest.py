@@ -44,13 +44,6 @@ def _fresh_structlog() -> Iterator[None]:
 # of its own, sent to whichever worker is free. The groups (docs/testing.md):
 HOST_GLOBAL = "host-global"  # the kubelet peer and the real cluster: root, fixed host paths
 MACHINE_LOAD = "machine-load"  # tests that load every core, or read resident memory under load
-# Modules whose module-scoped fixture is costly (a daemon, a Go build, the image's venv): on
-# one worker, set up once.
-MODULE_GROUPS = {
-    "test_deploy_image": "test_deploy_image",
-    "test_goparse": "test_goparse",
-    "test_hostile": "test_hostile",
-}
 LOAD_SENSITIVE = {"test_load.py::test_resident_memory_levels_off_over_10000_calls"}
 
 
@@ -60,7 +53,14 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     fixtures = getattr(item, "fixturenames", ())
     if "loaded_machine" in fixtures or item.nodeid.split("/")[-1] in LOAD_SENSITIVE:
         return MACHINE_LOAD
-    return MODULE_GROUPS.get(item.path.stem)
+    # A module whose tests share a fixture of its own wider than one test (a daemon, a Go
+    # build, the image's virtualenv, helm's renders): on one worker, set up once.
+    module = item.nodeid.split("::")[0]
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in getattr(info, "name2fixturedefs", {}).values():
+        if any(d.baseid == module and d.scope != "function" for d in definitions):
+            return module.rsplit("/", 1)[-1]
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
