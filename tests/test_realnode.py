@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from rbln_device_plugin_sim.node import TOOLKIT_CDI_ENV
+
 from .realnode.cluster import NODE_NAME, Cluster, wait_for
 from .realnode.layouts import EXPECTED
 from .realnode.workloads import (
@@ -121,7 +123,8 @@ def test_a_pod_with_two_npus_runs_with_the_preferred_devices(
     assert len(names) == 2 and all(n in ("rbln0", "rbln1", "rbln2", "rbln3") for n in names)
     assert_devices_as_allocated(plugin, pod, names)
     # The CDI annotation resolved against the stand-in for the toolkit's rbln.yaml.
-    assert pod.env.get("RBLN_CDI_RUNTIME") == "stand-in"
+    name, value = TOOLKIT_CDI_ENV
+    assert pod.env.get(name) == value
     later = plugin_records(plugin)[mark:]
     chosen = [r for r in later if r["msg"] == "Selected preferred allocation"]
     assert chosen, [r["msg"] for r in later]

@@ -31,7 +31,12 @@ from typing import Any, Final
 import yaml
 
 from rbln_device_plugin_sim.layout import Layout
-from rbln_device_plugin_sim.node import SimNode, materialize
+from rbln_device_plugin_sim.node import (
+    TOOLKIT_CDI_SPEC,
+    TOOLKIT_CDI_SPEC_NAME,
+    SimNode,
+    materialize,
+)
 
 from . import artifacts
 from .configs import (
@@ -39,8 +44,6 @@ from .configs import (
     CNI_CONFIG,
     CONTAINERD_CONFIG,
     NODE_IP,
-    TOOLKIT_SPEC,
-    TOOLKIT_SPEC_NAME,
     kubelet_config,
 )
 
@@ -294,7 +297,7 @@ class Cluster:
             layout, self.state / "sim", char_major=self.char_major, smi_interpreter=IMAGE_PYTHON
         )
         _remove_stale_cgroups()
-        self.place_cdi_spec(TOOLKIT_SPEC_NAME, TOOLKIT_SPEC)
+        self.place_cdi_spec(TOOLKIT_CDI_SPEC_NAME, TOOLKIT_CDI_SPEC)
         self.node = Node(self.state)
         self.pki = self._pki()
         self._etcd()

@@ -1,5 +1,6 @@
-"""What the node's components are configured with: kubelet, containerd, CNI, and the CDI
-spec standing in for the RBLN container toolkit's. Data only; ``cluster`` writes them."""
+"""What the node's components are configured with: kubelet, containerd, CNI. Data only;
+``cluster`` writes them (with the simulator's stand-in for the RBLN container toolkit's
+CDI spec, ``rbln_device_plugin_sim.node.TOOLKIT_CDI_SPEC``, in the node's ``/etc/cdi``)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,6 @@ from . import artifacts
 
 NODE_IP: Final = "10.88.0.1"
 BRIDGE: Final = "rbln-br0"
-
-# Stands in for the RBLN container toolkit's rbln.yaml: the device the plugin's CDI
-# annotation names (rebellions.ai/npu=runtime) with one env edit to see in the container.
-TOOLKIT_SPEC_NAME: Final = "rbln.yaml"
-TOOLKIT_SPEC: Final = {
-    "cdiVersion": "0.6.0",
-    "kind": "rebellions.ai/npu",
-    "devices": [{"name": "runtime", "containerEdits": {"env": ["RBLN_CDI_RUNTIME=stand-in"]}}],
-}
 
 
 def kubelet_config(cgroup_root: str) -> dict[str, Any]:
