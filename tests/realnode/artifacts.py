@@ -228,44 +228,62 @@ def _archive(layout_dir: Path, name: str, archive: Path) -> None:
     partial.replace(archive)
 
 
-def pause_image(say: Say) -> tuple[Path, bool]:
-    modcache = subprocess.run(
-        ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    pause_c = Path(modcache) / f"k8s.io/kubernetes@{KUBERNETES_VERSION}/build/pause/linux/pause.c"
-    archive = cache_root() / "images" / f"pause-{_digest(pause_c, PAUSE_IMAGE)}.tar"
+def _one_layer_image(
+    stem: str,
+    source: Path,
+    name: str,
+    say: Say,
+    fill: Callable[[Path], None],
+    config: Sequence[str],
+) -> tuple[Path, bool]:
+    """The cached archive of image ``name``, one layer whose rootfs ``fill`` writes, keyed
+    by ``source`` (what it is made of) and the name; whether it was built now."""
+    archive = cache_root() / "images" / f"{stem}-{_digest(source, name)}.tar"
     if archive.is_file():
         return archive, False
-    say(f"real node: building the sandbox image {PAUSE_IMAGE} from {pause_c.name}")
+    say(f"real node: building the {stem} image {name} from {source}")
     archive.parent.mkdir(parents=True, exist_ok=True)
     work = archive.with_suffix(".work")
     work.mkdir(parents=True, exist_ok=True)
-    binary = work / "pause"
-    _run(["gcc", "-Os", "-static", "-o", str(binary), str(pause_c), '-DVERSION="3.10.2"'])
-
-    def fill(rootfs: Path) -> None:
-        shutil.copy2(binary, rootfs / "pause")
-
-    _umoci_image(work / "layout", "3.10.2", fill, ["--config.entrypoint", "/pause"])
-    _archive(work / "layout", PAUSE_IMAGE, archive)
+    _umoci_image(work / "layout", name.rsplit(":", 1)[1], fill, config)
+    _archive(work / "layout", name, archive)
     shutil.rmtree(work, ignore_errors=True)
     return archive, True
 
 
-def busybox_image(say: Say) -> tuple[Path, bool]:
-    busybox = Path(shutil.which("busybox") or "/bin/busybox").resolve()
-    archive = cache_root() / "images" / f"busybox-{_digest(busybox, BUSYBOX_IMAGE)}.tar"
-    if archive.is_file():
-        return archive, False
-    say(f"real node: building the consumer image {BUSYBOX_IMAGE} from {busybox}")
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    work = archive.with_suffix(".work")
-    work.mkdir(parents=True, exist_ok=True)
-    applets = subprocess.run(
-        [str(busybox), "--list"], capture_output=True, text=True, check=True
-    ).stdout.split()
+def pause_image(say: Say) -> tuple[Path, bool]:
+    """The sandbox image, from the pinned Kubernetes module's own ``pause.c``."""
+    modcache = subprocess.run(
+        ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    pause_c = Path(modcache) / f"k8s.io/kubernetes@{KUBERNETES_VERSION}/build/pause/linux/pause.c"
 
     def fill(rootfs: Path) -> None:
+        _run(
+            [
+                "gcc",
+                "-Os",
+                "-static",
+                "-o",
+                str(rootfs / "pause"),
+                str(pause_c),
+                '-DVERSION="3.10.2"',
+            ]
+        )
+
+    return _one_layer_image(
+        "pause", pause_c, PAUSE_IMAGE, say, fill, ["--config.entrypoint", "/pause"]
+    )
+
+
+def busybox_image(say: Say) -> tuple[Path, bool]:
+    """The consumer pods' image: Debian's static busybox with a link for each applet."""
+    busybox = Path(shutil.which("busybox") or "/bin/busybox").resolve()
+
+    def fill(rootfs: Path) -> None:
+        applets = subprocess.run(
+            [str(busybox), "--list"], capture_output=True, text=True, check=True
+        ).stdout.split()
         (rootfs / "bin").mkdir(exist_ok=True)
         shutil.copy2(busybox, rootfs / "bin" / "busybox")
         for applet in applets:
@@ -274,12 +292,14 @@ def busybox_image(say: Say) -> tuple[Path, bool]:
         for directory in ("tmp", "proc", "sys", "dev", "etc"):
             (rootfs / directory).mkdir(exist_ok=True)
 
-    _umoci_image(
-        work / "layout", "1", fill, ["--config.cmd", "/bin/sh", "--config.env", "PATH=/bin"]
+    return _one_layer_image(
+        "busybox",
+        busybox,
+        BUSYBOX_IMAGE,
+        say,
+        fill,
+        ["--config.cmd", "/bin/sh", "--config.env", "PATH=/bin"],
     )
-    _archive(work / "layout", BUSYBOX_IMAGE, archive)
-    shutil.rmtree(work, ignore_errors=True)
-    return archive, True
 
 
 def base_image(in_node: InNode, say: Say) -> tuple[Path, bool]:
