@@ -586,28 +586,34 @@ class Cluster:
                     wait_for(f"removable cgroup {directory}", lambda d=directory: _rmdir(d), 30)
 
     # ------------------------------------------------------------------ tools
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
-    ) -> str:
-        """The real kubectl, on the node's network, with the admin kubeconfig."""
-        done = subprocess.run(
-            [
-                "nsenter",
-                "--target",
-                str(self.node.init_pid),
-                "--net",
-                "--",
-                str(KUBECTL),
-                "--kubeconfig",
-                str(self.pki.kubeconfig),
-                *args,
-            ],
+    def _on_node_network(self, *argv: str) -> list[str]:
+        """``argv`` run in the node's network namespace only (the host's mounts: the tools
+        live in the repository, their state in the test's directory)."""
+        return ["nsenter", "--target", str(self.node.init_pid), "--net", "--", *argv]
+
+    def _run_on_node_network(
+        self,
+        argv: Sequence[str],
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self._on_node_network(*argv),
             capture_output=True,
             text=True,
             check=False,
             timeout=timeout,
+            env=dict(env) if env is not None else None,
             input=input,
         )
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> str:
+        """The real kubectl, on the node's network, with the admin kubeconfig."""
+        argv = [str(KUBECTL), "--kubeconfig", str(self.pki.kubeconfig), *args]
+        done = self._run_on_node_network(argv, timeout, input=input)
         if done.returncode != 0:
             if not check:
                 return ""
@@ -616,8 +622,7 @@ class Cluster:
 
     def kubectl_stream(self, *args: str) -> subprocess.Popen[str]:
         """A long-running kubectl (``--watch``) whose output the caller reads."""
-        argv = ["nsenter", "--target", str(self.node.init_pid), "--net", "--", str(KUBECTL),
-                "--kubeconfig", str(self.pki.kubeconfig), *args]  # fmt: skip
+        argv = self._on_node_network(str(KUBECTL), "--kubeconfig", str(self.pki.kubeconfig), *args)
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def kubectl_json(self, *args: str) -> Any:
@@ -633,14 +638,7 @@ class Cluster:
             "HELM_DATA_HOME": str(home / "data"),
             "KUBECONFIG": str(self.pki.kubeconfig),
         }
-        done = subprocess.run(
-            ["nsenter", "--target", str(self.node.init_pid), "--net", "--", str(HELM), *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            env=env,
-        )
+        done = self._run_on_node_network([str(HELM), *args], timeout, env=env)
         if done.returncode != 0:
             raise ClusterError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
