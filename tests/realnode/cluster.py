@@ -42,6 +42,7 @@ from . import artifacts
 from .configs import (
     BRIDGE,
     CNI_CONFIG,
+    CONTAINERD_16_CONFIG,
     CONTAINERD_CONFIG,
     NODE_IP,
     kubelet_config,
@@ -288,6 +289,18 @@ class Cluster:
     char_major: int = field(init=False)
     started_at: float = field(default_factory=time.monotonic)
     peak_memory: dict[str, float] = field(default_factory=dict)
+    # The 1.34 kubelet and containerd 1.6 (artifacts.LEGACY_TARGETS) instead of 1.37.2's
+    # kubelet and containerd 2.x; the control plane is the same.
+    legacy: bool = False
+
+    @property
+    def runtime_bin_dir(self) -> Path:
+        """Where the node's kubelet, containerd, ctr and runc shim come from."""
+        if not self.legacy:
+            return self.arts.bin_dir
+        if self.arts.legacy_bin_dir is None:
+            raise ClusterError("the legacy kubelet and containerd were not built")
+        return self.arts.legacy_bin_dir
 
     # ------------------------------------------------------------------ start
     def start(self, layout: Layout) -> None:
@@ -326,7 +339,8 @@ class Cluster:
         log = self.state / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         full_env = {
-            "PATH": f"{self.arts.bin_dir}:{SYSTEM_PATH}",
+            # The runtime's directory first: its kubelet, containerd and shim win.
+            "PATH": f"{self.runtime_bin_dir}:{self.arts.bin_dir}:{SYSTEM_PATH}",
             "HOME": str(self.state),
             **(env or {}),
         }
@@ -505,14 +519,15 @@ class Cluster:
 
     def _containerd(self) -> None:
         config = self.state / "containerd.toml"
-        config.write_text(CONTAINERD_CONFIG.format(bin=self.arts.bin_dir, cni=artifacts.CNI_DIR))
+        template = CONTAINERD_16_CONFIG if self.legacy else CONTAINERD_CONFIG
+        config.write_text(template.format(cni=artifacts.CNI_DIR))
         (self.state / "cni.conflist").write_text(json.dumps(CNI_CONFIG))
         self.node.run(
             ["cp", str(self.state / "cni.conflist"), "/etc/cni/net.d/10-realnode.conflist"]
         )
         self.spawn("containerd", ["containerd", "--config", str(config)])
         ctr = [
-            str(self.arts.bin_dir / "ctr"),
+            str(self.runtime_bin_dir / "ctr"),
             "--address",
             "/run/containerd/containerd.sock",
             "-n",
@@ -914,9 +929,16 @@ def _rmdir(path: Path) -> bool:
     return True
 
 
-def prepare(say: Say) -> artifacts.Artifacts:
-    """Build (or find cached) everything the node runs; the images need a node namespace."""
+def prepare(say: Say, legacy: bool = False) -> artifacts.Artifacts:
+    """Build (or find cached) everything the node runs; the images need a node namespace.
+    ``legacy``: also the 1.34 kubelet and containerd 1.6 (``Cluster.legacy``)."""
     bin_dir, built = artifacts.go_binaries(say)
+    legacy_bin_dir = None
+    if legacy:
+        legacy_bin_dir, legacy_built = artifacts.go_binaries(
+            say, artifacts.LEGACY_TARGETS, "bin-legacy"
+        )
+        built += legacy_built
     pause, pause_built = artifacts.pause_image(say)
     busybox, busybox_built = artifacts.busybox_image(say)
     state = Path(tempfile.mkdtemp(prefix="rbln-imgbuild-", dir="/tmp"))
@@ -948,7 +970,7 @@ def prepare(say: Say) -> artifacts.Artifacts:
         )
         if b
     ]
-    return artifacts.Artifacts(bin_dir, pause, busybox, plugin, name, tuple(built))
+    return artifacts.Artifacts(bin_dir, pause, busybox, plugin, name, tuple(built), legacy_bin_dir)
 
 
 def _with_progress(say: Say, what: str, work: Callable[[], Any]) -> Any:
@@ -973,12 +995,16 @@ def _with_progress(say: Say, what: str, work: Callable[[], Any]) -> Any:
 
 @contextlib.contextmanager
 def running_cluster(
-    layout: Layout, say: Say = print, arts: artifacts.Artifacts | None = None
+    layout: Layout,
+    say: Say = print,
+    arts: artifacts.Artifacts | None = None,
+    legacy: bool = False,
 ) -> Iterator[Cluster]:
-    """A started cluster behind a simulated node of ``layout``; torn down on any exit."""
-    arts = arts or prepare(say)
+    """A started cluster behind a simulated node of ``layout``; torn down on any exit.
+    ``legacy``: the 1.34 kubelet with containerd 1.6 (``Cluster.legacy``)."""
+    arts = arts or prepare(say, legacy)
     state = Path(tempfile.mkdtemp(prefix="rbln-realnode-", dir="/tmp"))
-    cluster = Cluster(state, arts, say)
+    cluster = Cluster(state, arts, say, legacy=legacy)
     try:
         cluster.start(layout)
         yield cluster

@@ -75,6 +75,40 @@ state = "/run/containerd"
     conf_dir = "/etc/cni/net.d"
 """.replace("{sandbox}", artifacts.PAUSE_IMAGE)
 
+# containerd 1.6 (the legacy pairing): the same node in its version-2 format, at debug
+# level, where its CRI plugin logs each container's OCI spec.
+CONTAINERD_16_CONFIG: Final = """\
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[debug]
+  level = "debug"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox}"
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  # containerd 1.7's CDI switch, as an operator upgrading from 1.7 might leave it: 1.6
+  # has no CDI code, and its config loader drops keys it does not know without a word.
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni}"
+    conf_dir = "/etc/cni/net.d"
+""".replace("{sandbox}", artifacts.PAUSE_IMAGE)
+
 CNI_CONFIG: Final = {
     "cniVersion": "1.0.0",
     "name": "realnode",
