@@ -101,6 +101,24 @@ def unavailable() -> str:
     return ""
 
 
+def run_captured(
+    argv: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` to its end, its output as text, its exit status for the caller to judge."""
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env=dict(env) if env is not None else None,
+        input=input,
+    )
+
+
 def free_char_major() -> int:
     used = set()
     section = ""
@@ -236,15 +254,7 @@ class Node:
         input: str | None = None,
     ) -> str:
         """Run a command in the node and return its output; fail with its stderr."""
-        done = subprocess.run(
-            [*self.enter(net=net), *argv],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            env=dict(env) if env is not None else None,
-            input=input,
-        )
+        done = run_captured([*self.enter(net=net), *argv], timeout, env, input)
         if done.returncode != 0:
             raise ClusterError(
                 f"{' '.join(argv)} (in the node) failed ({done.returncode}):\n"
@@ -613,15 +623,7 @@ class Cluster:
         env: Mapping[str, str] | None = None,
         input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self._on_node_network(*argv),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            env=dict(env) if env is not None else None,
-            input=input,
-        )
+        return run_captured(self._on_node_network(*argv), timeout, env, input)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
