@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -40,37 +41,56 @@ def _fresh_structlog() -> Iterator[None]:
 
 # ---------------------------------------------------------------- parallel runs
 # `make test` runs the suite on several pytest-xdist workers with `--dist loadgroup`: the
-# tests of one xdist_group run on one worker, one after another; every other test is a unit
-# of its own, sent to whichever worker is free. The groups (docs/testing.md):
+# tests of one group run on one worker, one after another; every other test is a unit of its
+# own, sent to whichever worker is free. The groups (docs/testing.md) are decided here from
+# the test IDs, by the scheduler below: xdist's own loadgroup reads `xdist_group` marks into
+# a suffix of the test ID, which pytest 9.2 no longer lets a plugin change.
 HOST_GLOBAL = "host-global"  # the kubelet peer and the real cluster: root, fixed host paths
+HOST_GLOBAL_MODULES = ("test_kubelet_peer", "test_realnode")  # module name prefixes
 MACHINE_LOAD = "machine-load"  # tests that load every core, or read resident memory under load
-LOAD_SENSITIVE = {"test_load.py::test_resident_memory_levels_off_over_10000_calls"}
+MACHINE_LOAD_TESTS = {
+    "test_hostio.py::test_a_slow_batch_of_healthy_calls_never_stalls",
+    "test_stalls.py::test_slow_status_reads_on_a_loaded_machine_are_not_stalls",
+    "test_load.py::test_resident_memory_levels_off_over_10000_calls",
+}
+# Modules whose tests share a fixture of the module wider than one test (a daemon, a Go
+# build, the image's virtualenv, helm's renders), or read what the module's other tests left
+# (test_hostile.py counts the outcomes its property tests saw): on one worker, set up once.
+# test_every_shared_fixture_module_runs_on_one_worker checks that the list is complete.
+SHARED_MODULES = {
+    "test_deploy_chart.py",
+    "test_deploy_chart_metrics.py",
+    "test_deploy_image.py",
+    "test_goparse.py",
+    "test_hostile.py",
+    "test_prometheus_rules.py",
+}
 
 
-def xdist_group_of(item: pytest.Item) -> str | None:
-    if item.get_closest_marker("kubelet_peer") or item.get_closest_marker("realnode"):
+def parallel_group(nodeid: str) -> str:
+    """The unit of work a test belongs to in make test's parallel run."""
+    module = nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if module.startswith(HOST_GLOBAL_MODULES):
         return HOST_GLOBAL
-    fixtures = getattr(item, "fixturenames", ())
-    if "loaded_machine" in fixtures or item.nodeid.split("/")[-1] in LOAD_SENSITIVE:
+    if nodeid.rsplit("/", 1)[-1].split("[")[0] in MACHINE_LOAD_TESTS:
         return MACHINE_LOAD
-    # A module whose tests share a fixture of its own wider than one test (a daemon, a Go
-    # build, the image's virtualenv, helm's renders): on one worker, set up once.
-    module = item.nodeid.split("::")[0]
-    info = getattr(item, "_fixtureinfo", None)
-    for definitions in getattr(info, "name2fixturedefs", {}).values():
-        if any(d.baseid == module and d.scope != "function" for d in definitions):
-            return module.rsplit("/", 1)[-1]
-    return None
+    return module if module in SHARED_MODULES else nodeid
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return parallel_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    parallel = config.getoption("dist", "no") != "no" or hasattr(config, "workerinput")
-    if parallel:
+    if hasattr(config, "workerinput"):
         # The longest first (a test with its own long timeout, such as the benchmark run of
         # minutes, then the other slow ones): a worker that picks one up last would run
         # alone at the end. Stable, so every worker sorts alike; pytest-random-order, when
