@@ -58,6 +58,8 @@ MACHINE_LOAD_TESTS = {
 # (test_hostile.py counts the outcomes its property tests saw): on one worker, set up once.
 # test_every_shared_fixture_module_runs_on_one_worker checks that the list is complete.
 SHARED_MODULES = {
+    "test_allocate_e2e.py",  # the in-process modules' shared daemons (tests/inprocess.py)
+    "test_preferred_e2e.py",
     "test_deploy_chart.py",
     "test_deploy_chart_metrics.py",
     "test_deploy_image.py",

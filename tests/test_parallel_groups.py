@@ -28,6 +28,15 @@ def test_every_shared_fixture_module_runs_on_one_worker(request: pytest.FixtureR
     assert sharing <= SHARED_MODULES, f"add to SHARED_MODULES: {sorted(sharing - SHARED_MODULES)}"
 
 
+def test_every_test_that_loads_the_machine_is_in_its_group(request: pytest.FixtureRequest) -> None:
+    loading = [
+        item.nodeid
+        for item in request.session.items
+        if "loaded_machine" in getattr(item, "fixturenames", ())
+    ]
+    assert all(parallel_group(nodeid) == MACHINE_LOAD for nodeid in loading), loading
+
+
 def test_groups_of_test_ids() -> None:
     assert parallel_group("tests/test_kubelet_peer.py::test_x[1.34]") == HOST_GLOBAL
     assert parallel_group("tests/test_realnode_cdi.py::test_y") == HOST_GLOBAL
