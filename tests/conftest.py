@@ -49,6 +49,7 @@ HOST_GLOBAL = "host-global"  # the kubelet peer and the real cluster: root, fixe
 HOST_GLOBAL_MODULES = ("test_kubelet_peer", "test_realnode")  # module name prefixes
 MACHINE_LOAD = "machine-load"  # tests that load every core, or read resident memory under load
 MACHINE_LOAD_TESTS = {
+    "test_hostio.py::test_a_blocking_read_stalls_only_its_own_item",
     "test_hostio.py::test_a_slow_batch_of_healthy_calls_never_stalls",
     "test_stalls.py::test_slow_status_reads_on_a_loaded_machine_are_not_stalls",
     "test_load.py::test_resident_memory_levels_off_over_10000_calls",
