@@ -92,6 +92,7 @@ class Manager:
         # Said once, again on a new reason, and once more when it ends (see streaks).
         self._discovery_failures = FailureStreak()
         self._registration_failures: dict[str, FailureStreak] = {}
+        self._start_failures: dict[str, FailureStreak] = {}
         self._restart_pending = False
         # The kubelet's streams ended and its kubelet.sock refuses connections: it exited
         # (a restart's first half, or a crash). No registration until its successor's new
@@ -201,6 +202,7 @@ class Manager:
             del self.plugins[resource]
             self._histories.pop(resource, None)
             self._registration_failures.pop(resource, None)
+            self._start_failures.pop(resource, None)
             log.info("Stopped device plugin for absent resource", resourceName=resource)
 
     async def _sync_all(self, wanted: Mapping[str, Sequence[Device]]) -> None:
@@ -242,7 +244,7 @@ class Manager:
         self, resource: str, devices: Sequence[Device], can_start: bool = True
     ) -> None:
         plugin = self.plugins.get(resource)
-        if plugin is not None and not plugin.socket_intact():
+        if plugin is not None and not await plugin.socket_intact():
             # With the kubelet down this is its successor cleaning the directory.
             emit = log.debug if self._kubelet_down else log.warning
             emit(
@@ -263,16 +265,28 @@ class Manager:
             )
             # Recorded before it starts, for the same reason as in _stop_absent.
             self.plugins[resource] = plugin
+            streak = self._start_failures.setdefault(resource, FailureStreak())
             try:
                 await plugin.start()
             except (OSError, RuntimeError) as exc:
-                log.error(
+                # Each scan retries; the same reason is said once (a directory where the
+                # socket belongs stays until someone removes it), a new one again.
+                emit = log.error if streak.failed(str(exc)) else log.debug
+                emit(
                     "Cannot start device plugin server; retrying next scan",
                     resourceName=resource, socketPath=str(plugin.socket_path), err=exc,
+                    failedAttempts=streak.failures,
                 )  # fmt: skip
                 await plugin.stop()
                 del self.plugins[resource]
                 return
+            failed_starts = streak.succeeded()
+            if failed_starts:
+                log.info(
+                    "Device plugin server started",
+                    resourceName=resource, socketPath=str(plugin.socket_path),
+                    failedAttempts=failed_starts,
+                )  # fmt: skip
         await plugin.update(devices)
         if not self._kubelet_down:
             plugin.register_in_background(partial(self._registration_ended, plugin))
