@@ -43,7 +43,7 @@ STREAM_LOSS_GRACE_S: Final = 0.5
 log = get_logger()
 
 
-async def _no_first_scan_hook() -> None:
+async def _nothing() -> None:
     pass
 
 
@@ -51,11 +51,11 @@ async def _no_first_scan_hook() -> None:
 class ScanHooks:
     """What the daemon around the scan loop hears of it."""
 
-    first_scan: Callable[[], Awaitable[None]] = _no_first_scan_hook  # after the first scan
-    scan_start: Callable[[], None] = lambda: None
+    first_scan: Callable[[], Awaitable[None]] = _nothing  # after the first scan
+    scan_start: Callable[[], Awaitable[None]] = _nothing
     scan_end: Callable[[], None] = lambda: None
     # Before the plugins register again with a restarted kubelet.
-    kubelet_restart: Callable[[], None] = lambda: None
+    kubelet_restart: Callable[[], Awaitable[None]] = _nothing
 
 
 class Manager:
@@ -135,7 +135,7 @@ class Manager:
             await self._stop_all()
 
     async def _scan_once(self) -> None:
-        self._hooks.scan_start()
+        await self._hooks.scan_start()
         try:
             await self._restart_if_kubelet_restarted()
             await self._reconcile()
@@ -368,7 +368,7 @@ class Manager:
         if self._restart_pending:
             self._restart_pending = False
             self._kubelet_down = False
-            self._hooks.kubelet_restart()
+            await self._hooks.kubelet_restart()
             await self._stop_all()
             await self._clean_cdi()
 
