@@ -117,7 +117,7 @@ async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asynci
             # The lock and the sockets live in the kubelet's directory, which only the
             # kubelet creates: on a machine that is not (yet) a node, wait for it.
             recorder.instance_state(m.STATE_WAITING_FOR_KUBELET_DIR)
-            waited = await KubeletDirectory(config.kubelet_dir).wait(stop)
+            waited = await KubeletDirectory(config.kubelet_dir, hostio).wait(stop)
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
             if not waited or not await instance.acquire(stop):
                 await recorder.shutdown()

@@ -86,7 +86,7 @@ class Manager:
         # plugin that wants a rescan (Allocate found the node changed since the last scan).
         self._wake = services.rescan_wanted
         self.kubelet_socket_watch = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
-        self._kubelet_dir = KubeletDirectory(config.kubelet_dir)
+        self._kubelet_dir = KubeletDirectory(config.kubelet_dir, self._hostio)
         self.cdi_check = CdiSpecCheck(config, self._hostio, self._metrics)
         self._cdi_check_failed = False
         # Said once, again on a new reason, and once more when it ends (see streaks).
@@ -207,7 +207,7 @@ class Manager:
 
     async def _sync_all(self, wanted: Mapping[str, Sequence[Device]]) -> None:
         # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
-        can_start = self._kubelet_dir.present() if wanted else True
+        can_start = await self._kubelet_dir.present() if wanted else True
         for resource in sorted(wanted):
             try:
                 await self._sync_plugin(resource, wanted[resource], can_start)
