@@ -10,8 +10,7 @@ following it (``lstat`` relative to the directory's descriptor):
   itself. ``unlink`` removes a name and nothing else: a link's target, wherever it
   points, and the content of a file with another name (a hard link) stay exactly as
   they were. This is the rule of the kubelet's own cleanup (every entry that is not a
-  directory goes) and what the Go plugin's ``os.Remove`` does to a file; the record names
-  what was removed, and a link's target;
+  directory goes); the record names what was removed, and a link's target;
 - a directory (what a hostPath volume of type ``DirectoryOrCreate`` makes where a
   socket is missing, or a mount point): not ours to remove and no place to serve on, so
   the plugin does not start and the error names the path and what to do. The manager
