@@ -9,8 +9,9 @@ following it (``lstat`` relative to the directory's descriptor):
 - a symbolic link, a regular file, a named pipe, a device node: removed as the entry
   itself. ``unlink`` removes a name and nothing else: a link's target, wherever it
   points, and the content of a file with another name (a hard link) stay exactly as
-  they were. This is the rule of the kubelet's own cleanup before 1.33 (every entry not a
-  directory goes); the record names what was removed, and a link's target;
+  they were. This is the rule of the kubelet's own cleanup (1.31.1 to 1.32 and releases
+  before 1.31: every entry not a directory goes); the record names what was removed,
+  and a link's target;
 - a directory (what a hostPath volume of type ``DirectoryOrCreate`` makes where a
   socket is missing, or a mount point): not ours to remove and no place to serve on, so
   the plugin does not start and the error names the path and what to do. The manager
