@@ -23,7 +23,8 @@ from .metrics_helpers import (
     total,
     value,
 )
-from .simnode import rejected, running
+from .inprocess import running
+from .simnode import rejected
 from .test_stalls import STALLED, make_fifo, release_fifo
 
 NPU = "rebellions.ai/npu"

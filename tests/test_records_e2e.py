@@ -13,7 +13,7 @@ from pathlib import Path
 from rbln_device_plugin_sim.layout import generate
 
 from .daemon_process import DaemonProcess
-from .simnode import running
+from .inprocess import running
 
 NPU = "rebellions.ai/npu"
 LOGGING_PAGE = Path(__file__).resolve().parent.parent / "docs" / "logging.md"
