@@ -33,13 +33,14 @@ import shutil
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
 import structlog
 
 from rbln_device_plugin import options
+from rbln_device_plugin.config import Config
 from rbln_device_plugin.runtime import daemon as runtime
 from rbln_device_plugin.telemetry import logs
 from rbln_device_plugin_sim.kubelet import KubeletStub
@@ -74,6 +75,8 @@ class DaemonRecords:
         self.id = next(_ids)
         self.level = level
         self.exit_code: int | None = None
+        self.config: Config
+        self.task: asyncio.Task[int]
         self._store = _Store()
         self._offset = 0
 
@@ -173,12 +176,14 @@ class InProcess:
     node: SimNode
     kubelet: KubeletStub
     daemon: DaemonRecords
-    config: Any = field(repr=False)
-    task: asyncio.Task[int] = field(repr=False)
+
+    @property
+    def config(self) -> Config:
+        return self.daemon.config
 
     def serving(self) -> bool:
         """The runtime has not returned (a crash or an early exit ends it)."""
-        return not self.task.done()
+        return not self.daemon.task.done()
 
     def for_test(self) -> InProcess:
         """This daemon for one test of many: its records from now on, its logger back.
@@ -205,16 +210,23 @@ def _routed(records: DaemonRecords) -> Iterator[None]:
 
 
 @asynccontextmanager
-async def serving(
+async def daemon_on(
     node: SimNode,
-    kubelet: KubeletStub,
     interval: str = "300ms",
     extra_args: Sequence[str] = (),
     level: str = "debug",
-) -> AsyncIterator[InProcess]:
-    """The daemon's runtime against ``node`` and ``kubelet`` until the block ends."""
-    config = options.parse([*node.daemon_args(interval), *extra_args], {})
+) -> AsyncIterator[DaemonRecords]:
+    """The daemon's runtime on ``node`` until the block ends; it must then exit with 0."""
+    async with daemon_with([*node.daemon_args(interval), *extra_args], level) as records:
+        yield records
+
+
+@asynccontextmanager
+async def daemon_with(args: Sequence[str], level: str = "debug") -> AsyncIterator[DaemonRecords]:
+    """The daemon's runtime configured by these flags (no environment) until the block ends."""
+    config = options.parse(args, {})
     records = DaemonRecords(level)
+    records.config = config
     install_logging(level)
     stop = asyncio.Event()
 
@@ -224,17 +236,30 @@ async def serving(
         return await runtime.serve(config, stop)
 
     with _routed(records):
-        task = asyncio.create_task(daemon(), name=f"in-process daemon {records.id}")
+        records.task = asyncio.create_task(daemon(), name=f"in-process daemon {records.id}")
         try:
-            yield InProcess(node, kubelet, records, config, task)
+            yield records
         finally:
             install_logging(level)  # a shared daemon's shutdown records, after conftest's reset
             stop.set()
             try:
-                records.exit_code = await asyncio.wait_for(task, STOP_TIMEOUT_S)
+                records.exit_code = await asyncio.wait_for(records.task, STOP_TIMEOUT_S)
             finally:
                 logs.flush()
         assert records.exit_code == options.EXIT_OK, records.records[-15:]
+
+
+@asynccontextmanager
+async def serving(
+    node: SimNode,
+    kubelet: KubeletStub,
+    interval: str = "300ms",
+    extra_args: Sequence[str] = (),
+    level: str = "debug",
+) -> AsyncIterator[InProcess]:
+    """The daemon's runtime against ``node`` and ``kubelet`` until the block ends."""
+    async with daemon_on(node, interval, extra_args, level) as records:
+        yield InProcess(node, kubelet, records)
 
 
 @asynccontextmanager

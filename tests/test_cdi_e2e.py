@@ -11,8 +11,8 @@ import pytest
 
 from rbln_device_plugin_sim.node import TOOLKIT_CDI_SPEC, SimNode
 
-from .metrics_helpers import metrics_port, scrape_until, value
 from .inprocess import running
+from .metrics_helpers import metrics_port, scrape_until, value
 from .test_inspect_cli import inspect, report
 
 NPU = "rebellions.ai/npu"
