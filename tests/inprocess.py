@@ -247,6 +247,10 @@ async def daemon_with(args: Sequence[str], level: str = "debug") -> AsyncIterato
             finally:
                 logs.flush()
         assert records.exit_code == options.EXIT_OK, records.records[-15:]
+        # A fault the daemon handles gets its documented records; a traceback or a line
+        # that is not JSON means it broke instead, whatever the test looked at.
+        broken = [r for r in records.records if "exception" in r or r.get("msg") == "<<not json>>"]
+        assert not broken, broken[:3]
 
 
 @asynccontextmanager
