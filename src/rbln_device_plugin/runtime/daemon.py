@@ -36,6 +36,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Final
 
 from rbln_device_plugin import options
@@ -91,12 +92,28 @@ async def _serve(config: Config, signals: ShutdownSignals) -> int:
     stop = asyncio.Event()
     signals.attach(loop, stop)  # stop is set now if a signal came before the loop
     try:
-        return await _serve_attached(config, signals, stop)
+        return await serve(config, stop, lambda: _name(signals))
     finally:
         signals.detach()
 
 
-async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asyncio.Event) -> int:
+def _no_signal() -> str | None:
+    return None
+
+
+async def serve(
+    config: Config,
+    stop: asyncio.Event,
+    signal_name: Callable[[], str | None] = _no_signal,
+) -> int:
+    """The daemon's runtime on the running loop until ``stop`` is set; the exit code.
+
+    Everything after the options are parsed: health service, metrics, instance lock, the
+    scan loop, the orderly shutdown. The process around it (signals, the stderr relay,
+    the log queue's last flush) is ``run``'s and ``cli``'s; tests run this in-process
+    with a stop event of their own (``tests/inprocess.py``). ``signal_name`` names the
+    signal that set ``stop``, for the ``Shutdown complete`` record.
+    """
     health: HealthService | None = None
     if config.healthcheck_enabled:
         health = HealthService(config.healthcheck_port)
@@ -121,13 +138,13 @@ async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asynci
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
             if not waited or not await instance.acquire(stop):
                 await recorder.shutdown()
-                log.info("Shutdown complete", signal=_name(signals))
+                log.info("Shutdown complete", signal=signal_name())
                 return options.EXIT_OK
         except InstanceLockError as exc:
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
         recorder.instance_state(m.STATE_SERVING)
-        return await _serve_locked(config, stop, signals, health, instance, recorder, hostio)
+        return await _serve_locked(config, stop, signal_name, health, instance, recorder, hostio)
     finally:
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
@@ -142,7 +159,7 @@ def _name(signals: ShutdownSignals) -> str | None:
 async def _serve_locked(
     config: Config,
     stop: asyncio.Event,
-    signals: ShutdownSignals,
+    signal_name: Callable[[], str | None],
     health: HealthService | None,
     instance: InstanceLock,
     recorder: m.Metrics,
@@ -217,7 +234,7 @@ async def _serve_locked(
         await asyncio.gather(traces.shutdown(), recorder.shutdown())
         log.info(
             "Shutdown complete",
-            signal=_name(signals),
+            signal=signal_name(),
             durationMs=round((time.monotonic() - started) * 1000, 1),
         )
     finally:
