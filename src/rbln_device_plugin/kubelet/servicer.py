@@ -7,11 +7,10 @@ containers, then this servicer acts on the outcome (a wanted rescan, the answer)
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -24,18 +23,6 @@ from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
-
-A = TypeVar("A")
-B = TypeVar("B")
-
-
-async def _both(main: Awaitable[A], beside: Awaitable[B]) -> tuple[A, B]:
-    """Both results; ``main``'s failure wins, and ``beside`` is always awaited to its end."""
-    results = await asyncio.gather(main, beside, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results[0], results[1]  # type: ignore[return-value]
 
 
 def _preferred() -> ModuleType:
@@ -145,11 +132,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 # request is rejected before any container's turn.
                 try:
                     # The containers' first host checks (device nodes, the rbln-smi
-                    # lookup) run beside the final status reads: two thread hops at once.
-                    snapshot, first = await _both(
-                        self._state.allocation_snapshot(requested),
-                        self._allocator.first_look(requested, self._state.devices()),
+                    # lookup, the RSD lock file) run in the final status reads' batch:
+                    # one thread hop for all of them.
+                    first_calls = self._allocator.first_calls(requested)
+                    snapshot, results = await self._state.allocation_snapshot(
+                        requested, first_calls
                     )
+                    first = first_calls.look(results)
                 except Exception as exc:
                     known = self._state.devices()
                     self._allocator.unworked_spans(
