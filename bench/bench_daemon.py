@@ -96,7 +96,11 @@ def wrapper_cost_ms(smi: Path, timings: Path, runs: int = 10) -> float:
 
 @asynccontextmanager
 async def node_with_daemon(
-    layout: Layout, interval: str, prepare: Any = None, extra_args: Sequence[str] = ()
+    layout: Layout,
+    interval: str,
+    prepare: Any = None,
+    extra_args: Sequence[str] = (),
+    command: Sequence[str] = (sys.executable, "-m", "rbln_device_plugin"),
 ) -> AsyncIterator[tuple[SimNode, KubeletStub, subprocess.Popen[bytes], float]]:
     root = short_tempdir("rbln-bench-")
     node = materialize(layout, root)
@@ -107,7 +111,7 @@ async def node_with_daemon(
     env = {**os.environ, "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "error"}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args(interval), *extra_args],
+        [*command, *node.daemon_args(interval), *extra_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
