@@ -25,6 +25,7 @@ from typing import Any
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import Layout, generate, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.processes import stop_process
 
 NPU = "rebellions.ai/npu"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -119,11 +120,7 @@ async def node_with_daemon(
     try:
         yield node, kubelet, proc, started
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         await kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
 
