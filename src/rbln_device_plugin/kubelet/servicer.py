@@ -19,6 +19,7 @@ from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.devicestate import DeviceState
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.devicetable import KubeletDevice
+from rbln_device_plugin.runtime import memory
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
@@ -36,8 +37,10 @@ def _preferred() -> ModuleType:
 
 
 def load_deferred() -> None:
-    """Import what only the kubelet's requests need (after Register: the start is shorter)."""
+    """Import what only the kubelet's requests need (after Register: the start is
+    shorter), then give the heap start-up freed back to the system."""
     _preferred()
+    memory.release_free_heap()
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
