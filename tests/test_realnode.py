@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from rbln_device_plugin_sim.node import TOOLKIT_CDI_ENV
+
 from .realnode.cluster import NODE_NAME, Cluster, wait_for
 from .realnode.layouts import EXPECTED
 from .realnode.workloads import (
@@ -49,12 +51,25 @@ def plugin(realnode_plugin: Cluster) -> Cluster:
     return realnode_plugin
 
 
+class Consumers:
+    """A test's consumer pods: ``start`` runs one and keeps it for the teardown."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.made: list[Consumer] = []
+
+    def start(self, name: str, limits: dict[str, int]) -> Consumer:
+        pod = Consumer(self.cluster, name, limits)
+        self.made.append(pod)
+        return pod
+
+
 @pytest.fixture
-def consumers(plugin: Cluster) -> Iterator[list[Consumer]]:
-    made: list[Consumer] = []
-    yield made
+def consumers(plugin: Cluster) -> Iterator[Consumers]:
+    started = Consumers(plugin)
+    yield started
     plugin.note_memory()  # the test's pods are still running
-    for pod in made:
+    for pod in started.made:
         pod.delete()
 
 
@@ -112,16 +127,16 @@ def test_helm_install_schedules_the_plugin_and_advertises_every_resource(
 
 # ---------------------------------------------------------------- 2. two NPUs
 def test_a_pod_with_two_npus_runs_with_the_preferred_devices(
-    plugin: Cluster, consumers: list[Consumer]
+    plugin: Cluster, consumers: Consumers
 ) -> None:
     mark = len(plugin_records(plugin))
-    pod = Consumer(plugin, "npu-pair", {NPU: 2})
-    consumers.append(pod)
+    pod = consumers.start("npu-pair", {NPU: 2})
     names = pod.npus()
     assert len(names) == 2 and all(n in ("rbln0", "rbln1", "rbln2", "rbln3") for n in names)
     assert_devices_as_allocated(plugin, pod, names)
     # The CDI annotation resolved against the stand-in for the toolkit's rbln.yaml.
-    assert pod.env.get("RBLN_CDI_RUNTIME") == "stand-in"
+    name, value = TOOLKIT_CDI_ENV
+    assert pod.env.get(name) == value
     later = plugin_records(plugin)[mark:]
     chosen = [r for r in later if r["msg"] == "Selected preferred allocation"]
     assert chosen, [r["msg"] for r in later]
@@ -166,10 +181,9 @@ def _health(pod: Consumer, device: str) -> str:
 
 
 def test_a_device_fault_reaches_allocatable_and_the_pod_status(
-    plugin: Cluster, consumers: list[Consumer]
+    plugin: Cluster, consumers: Consumers
 ) -> None:
-    pod = Consumer(plugin, "npu-single", {NPU: 1})
-    consumers.append(pod)
+    pod = consumers.start("npu-single", {NPU: 1})
     (device,) = pod.npus()
     wait_for("Healthy in allocatedResourcesStatus", lambda: _health(pod, device) == "Healthy")
     plugin.sim.set_status(device, 4)  # FAULT
@@ -187,10 +201,9 @@ def test_a_device_fault_reaches_allocatable_and_the_pod_status(
 
 # ---------------------------------------------------------------- 5. kubelet restart
 def test_a_kubelet_restart_keeps_pods_and_the_plugin_registers_again(
-    plugin: Cluster, consumers: list[Consumer]
+    plugin: Cluster, consumers: Consumers
 ) -> None:
-    held = Consumer(plugin, "npu-held", {NPU: 1})
-    consumers.append(held)
+    held = consumers.start("npu-held", {NPU: 1})
     mark = len(plugin_records(plugin))
     # While the kubelet is down it serves no `kubectl logs`: the node's log files tell.
     (pod,) = ready_plugin_pods(plugin)
@@ -225,8 +238,7 @@ def test_a_kubelet_restart_keeps_pods_and_the_plugin_registers_again(
     later = wait_for("registrations after the restart", registered_again)
     wait_for("allocatable after the restart", lambda: plugin.allocatable() == EXPECTED)
     assert held.untouched()
-    fresh = Consumer(plugin, "npu-after-restart", {NPU: 1})
-    consumers.append(fresh)
+    fresh = consumers.start("npu-after-restart", {NPU: 1})
     assert fresh.npus() and fresh.npus() != held.npus()
     messages = [r["msg"] for r in later]
     # What the README's logging table says a kubelet restart logs, and nothing worse.
@@ -296,10 +308,9 @@ class Sampler:
 
 
 def test_helm_upgrade_rolls_the_plugin_without_two_instances_or_touching_pods(
-    plugin: Cluster, consumers: list[Consumer]
+    plugin: Cluster, consumers: Consumers
 ) -> None:
-    held = Consumer(plugin, "npu-during-upgrade", {NPU: 1})
-    consumers.append(held)
+    held = consumers.start("npu-during-upgrade", {NPU: 1})
     (before,) = ready_plugin_pods(plugin)
     assert len(plugin.serving_plugins()) == 1
     sampler = Sampler(plugin)
@@ -328,10 +339,9 @@ def test_helm_upgrade_rolls_the_plugin_without_two_instances_or_touching_pods(
 
 # ---------------------------------------------------------------- 7. a VF
 def test_a_pod_asking_for_a_vf4_gets_its_vf_and_a_group_of_it_alone(
-    plugin: Cluster, consumers: list[Consumer]
+    plugin: Cluster, consumers: Consumers
 ) -> None:
-    pod = Consumer(plugin, "npu-vf4", {VF4: 1})
-    consumers.append(pod)
+    pod = consumers.start("npu-vf4", {VF4: 1})
     (vf,) = pod.npus()
     assert re.fullmatch(r"rbln4-[0-3]", vf), vf
     assert_devices_as_allocated(plugin, pod, [vf])
@@ -339,10 +349,9 @@ def test_a_pod_asking_for_a_vf4_gets_its_vf_and_a_group_of_it_alone(
 
 # ---------------------------------------------------------------- 8. uninstall
 def test_helm_uninstall_takes_every_resource_away_but_not_the_running_pods(
-    plugin: Cluster, consumers: list[Consumer]
+    plugin: Cluster, consumers: Consumers
 ) -> None:
-    held = Consumer(plugin, "npu-at-uninstall", {NPU: 1})
-    consumers.append(held)
+    held = consumers.start("npu-at-uninstall", {NPU: 1})
     plugin.uninstall_chart(RELEASE, NAMESPACE)
     wait_for(
         "allocatable 0 for every resource",

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from rbln_device_plugin_sim.node import TOOLKIT_CDI_ENV, TOOLKIT_CDI_SPEC, TOOLKIT_CDI_SPEC_NAME
+
 from .realnode import cluster as realnode_cluster
-from .realnode.cluster import TOOLKIT_SPEC, TOOLKIT_SPEC_NAME, Cluster, wait_for
+from .realnode.cluster import Cluster, wait_for
 from .realnode.workloads import (
     NAMESPACE,
     NPU,
@@ -59,7 +61,7 @@ def containerd_at_debug() -> Iterator[None]:
 def cluster(realnode_plugin: Cluster) -> Iterator[Cluster]:
     yield realnode_plugin
     # Whatever a test did, the next one finds the toolkit's spec in place.
-    realnode_plugin.place_cdi_spec(TOOLKIT_SPEC_NAME, TOOLKIT_SPEC)
+    realnode_plugin.place_cdi_spec(TOOLKIT_CDI_SPEC_NAME, TOOLKIT_CDI_SPEC)
 
 
 def plugin_pod(cluster: Cluster) -> Any:
@@ -110,7 +112,7 @@ def test_without_the_spec_the_pod_waits_and_starts_once_the_spec_is_back(
     install(cluster, METRICS)
     before = plugin_pod(cluster)
     mark = len(plugin_records(cluster))
-    cluster.remove_cdi_spec(TOOLKIT_SPEC_NAME)
+    cluster.remove_cdi_spec(TOOLKIT_CDI_SPEC_NAME)
     (warn,) = wait_for(
         "the missing-spec warning",
         lambda: [r for r in plugin_records(cluster)[mark:] if r["msg"] == MISSING],
@@ -130,7 +132,7 @@ def test_without_the_spec_the_pod_waits_and_starts_once_the_spec_is_back(
         # It stays there: the kubelet retries, containerd refuses each time.
         assert wait_for("a retry", lambda: cluster.pod("cdi-wait")["status"]["phase"] == "Pending")
 
-        cluster.place_cdi_spec(TOOLKIT_SPEC_NAME, TOOLKIT_SPEC)
+        cluster.place_cdi_spec(TOOLKIT_CDI_SPEC_NAME, TOOLKIT_CDI_SPEC)
         running = cluster.wait_pod_phase("cdi-wait", "Running")
         (status,) = running["status"]["containerStatuses"]
         assert status["restartCount"] == 0
@@ -154,7 +156,8 @@ def test_each_mode_starts_the_container_with_the_spec_edits(cluster: Cluster, mo
     since = len(cluster.containerd_log())
     pod = Consumer(cluster, f"cdi-{mode}", {NPU: 1})
     try:
-        assert pod.env.get("RBLN_CDI_RUNTIME") == "stand-in"  # the spec's edit applied
+        name, value = TOOLKIT_CDI_ENV
+        assert pod.env.get(name) == value  # the spec's edit applied
         warned = deprecations(cluster, since)
         print(f"cdi-mode {mode}: containerd deprecation lines {len(warned)}")
         # The annotation draws containerd's deprecation line, with both too (it injects

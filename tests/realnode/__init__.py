@@ -14,8 +14,9 @@ For another test module (mark it ``pytest.mark.realnode``; the fixtures come fro
   upgrade --install`` with the simulated node's values plus yours (``--set`` strings, a
   values mapping); ``uninstall_chart``.
 - ``Cluster.place_cdi_spec(name, spec, which="etc"|"run")`` and ``remove_cdi_spec`` change
-  the node's ``/etc/cdi`` and ``/var/run/cdi``; ``cluster.TOOLKIT_SPEC`` (``rbln.yaml``) is
-  there from the start.
+  the node's ``/etc/cdi`` and ``/var/run/cdi``; the simulator's stand-in for the toolkit's
+  spec (``rbln_device_plugin_sim.node.TOOLKIT_CDI_SPEC``, ``rbln.yaml``) is there from the
+  start.
 - ``Cluster.containerd_log()``, ``plugin_logs()``, ``pod_logs()``,
   ``container_log_files()`` (readable while the kubelet is down), ``component_log(name)``;
   ``kubectl(...)``, ``kubectl_json(...)``, ``apply(manifest)``, ``pod(name)``,

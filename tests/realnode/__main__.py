@@ -1,5 +1,6 @@
-"""``python -m tests.realnode prepare|up``: build the artifacts, or start a cluster and
-keep it until Ctrl-C (for looking around with the kubectl command it prints)."""
+"""``python -m tests.realnode prepare|up [legacy]``: build the artifacts, or start a cluster
+and keep it until Ctrl-C (for looking around with the kubectl command it prints).
+``legacy``: the node runs the 1.34 kubelet with containerd 1.6."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ def main(argv: list[str]) -> int:
     if reason:
         print(f"real node unavailable: {reason}")
         return 2
+    legacy = argv[1:2] == ["legacy"]
     if argv[:1] == ["prepare"]:
-        arts = cluster.prepare(print)
+        arts = cluster.prepare(print, legacy)
         print(f"ready: {arts}")
         return 0
     if argv[:1] == ["up"]:
-        with cluster.running_cluster(layouts.mixed()) as running:
+        with cluster.running_cluster(layouts.mixed(), legacy=legacy) as running:
             seconds = time.monotonic() - running.started_at
             print(f"cluster up in {seconds:.0f} s; state {running.state}")
             print(

@@ -54,15 +54,24 @@ IMAGE_INPUTS: Final = (
     "LICENSE",
     "src",
 )
-KUBE_LDFLAGS: Final = " ".join(
-    f"-X k8s.io/component-base/version.{key}={value}"
-    for key, value in (
-        ("gitVersion", KUBERNETES_VERSION),
-        ("gitMajor", KUBERNETES_VERSION.split(".")[0].lstrip("v")),
-        ("gitMinor", KUBERNETES_VERSION.split(".")[1]),
-        ("gitTreeState", "clean"),
+LEGACY_KUBERNETES_VERSION: Final = "v1.34.0"
+LEGACY_CONTAINERD_VERSION: Final = "v1.6.20"
+
+
+def kube_ldflags(version: str) -> str:
+    """The version the release build stamps in: helm checks the chart's kubeVersion
+    against it, and `kubectl get nodes` shows it."""
+    return " ".join(
+        f"-X k8s.io/component-base/version.{key}={value}"
+        for key, value in (
+            ("gitVersion", version),
+            ("gitMajor", version.split(".")[0].lstrip("v")),
+            ("gitMinor", version.split(".")[1]),
+            ("gitTreeState", "clean"),
+        )
     )
-)
+
+
 STATIC_TAGS: Final = (
     "no_btrfs",
     "no_devmapper",
@@ -83,9 +92,7 @@ GO_TARGETS: Final = (
             for name in ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
         ),
         env={"CGO_ENABLED": "0"},
-        # The version the release build stamps in: helm checks the chart's kubeVersion
-        # against it, and `kubectl get nodes` shows it.
-        flags=(*TRIM, f"-ldflags={KUBE_LDFLAGS}"),
+        flags=(*TRIM, f"-ldflags={kube_ldflags(KUBERNETES_VERSION)}"),
     ),
     gobuild.GoTarget(
         name=f"containerd-{CONTAINERD_VERSION}",
@@ -113,6 +120,32 @@ GO_TARGETS: Final = (
         binaries=(gobuild.GoBinary("go.etcd.io/etcd/server/v3", "etcd"),),
         env={"CGO_ENABLED": "0"},
         flags=TRIM,
+    ),
+)
+# The older pairing (``pytest.mark.realnode(legacy_runtime=True)``): the 1.34 kubelet
+# (three minors below the control plane, the skew policy's limit) with containerd 1.6.20,
+# the release Debian bookworm ships. Built only when a collected test asks for it.
+LEGACY_TARGETS: Final = (
+    gobuild.GoTarget(
+        name=f"kubelet-{LEGACY_KUBERNETES_VERSION}",
+        module=GO_DIR / "kubelet-1.34",
+        binaries=(gobuild.GoBinary("k8s.io/kubernetes/cmd/kubelet", "kubelet"),),
+        env={"CGO_ENABLED": "0"},
+        flags=(*TRIM, f"-ldflags={kube_ldflags(LEGACY_KUBERNETES_VERSION)}"),
+    ),
+    gobuild.GoTarget(
+        name=f"containerd-{LEGACY_CONTAINERD_VERSION}",
+        module=GO_DIR / "containerd-1.6",
+        binaries=tuple(
+            gobuild.GoBinary(f"github.com/containerd/containerd/cmd/{name}", name, STATIC_TAGS)
+            for name in ("containerd", "ctr", "containerd-shim-runc-v2")
+        ),
+        env={"CGO_ENABLED": "0"},
+        flags=(
+            *TRIM,
+            "-ldflags=-X github.com/containerd/containerd/version.Version="
+            + LEGACY_CONTAINERD_VERSION,
+        ),
     ),
 )
 
@@ -157,15 +190,20 @@ class Artifacts:
     plugin: Path  # the plugin image archive
     plugin_image: str  # its name:tag
     built: tuple[str, ...]  # what was built now (empty: everything came from the cache)
+    # The 1.34 kubelet and containerd 1.6 with ctr and its shim (LEGACY_TARGETS), when
+    # a test asked for them.
+    legacy_bin_dir: Path | None = None
 
 
-def go_binaries(say: Say) -> tuple[Path, list[str]]:
-    """All Go binaries linked into one directory; the names of those built now."""
+def go_binaries(
+    say: Say, targets: Sequence[gobuild.GoTarget] = GO_TARGETS, link_dir: str = "bin"
+) -> tuple[Path, list[str]]:
+    """The targets' binaries linked into one directory; the names of those built now."""
     root = cache_root()
     built = []
-    bin_dir = root / "bin"
+    bin_dir = root / link_dir
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for target in GO_TARGETS:
+    for target in targets:
         directory, seconds, was_cached = gobuild.build(target, root / "go", say)
         if not was_cached:
             built.append(f"{target.name} ({seconds:.0f} s)")
@@ -228,44 +266,62 @@ def _archive(layout_dir: Path, name: str, archive: Path) -> None:
     partial.replace(archive)
 
 
-def pause_image(say: Say) -> tuple[Path, bool]:
-    modcache = subprocess.run(
-        ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    pause_c = Path(modcache) / f"k8s.io/kubernetes@{KUBERNETES_VERSION}/build/pause/linux/pause.c"
-    archive = cache_root() / "images" / f"pause-{_digest(pause_c, PAUSE_IMAGE)}.tar"
+def _one_layer_image(
+    stem: str,
+    source: Path,
+    name: str,
+    say: Say,
+    fill: Callable[[Path], None],
+    config: Sequence[str],
+) -> tuple[Path, bool]:
+    """The cached archive of image ``name``, one layer whose rootfs ``fill`` writes, keyed
+    by ``source`` (what it is made of) and the name; whether it was built now."""
+    archive = cache_root() / "images" / f"{stem}-{_digest(source, name)}.tar"
     if archive.is_file():
         return archive, False
-    say(f"real node: building the sandbox image {PAUSE_IMAGE} from {pause_c.name}")
+    say(f"real node: building the {stem} image {name} from {source}")
     archive.parent.mkdir(parents=True, exist_ok=True)
     work = archive.with_suffix(".work")
     work.mkdir(parents=True, exist_ok=True)
-    binary = work / "pause"
-    _run(["gcc", "-Os", "-static", "-o", str(binary), str(pause_c), '-DVERSION="3.10.2"'])
-
-    def fill(rootfs: Path) -> None:
-        shutil.copy2(binary, rootfs / "pause")
-
-    _umoci_image(work / "layout", "3.10.2", fill, ["--config.entrypoint", "/pause"])
-    _archive(work / "layout", PAUSE_IMAGE, archive)
+    _umoci_image(work / "layout", name.rsplit(":", 1)[1], fill, config)
+    _archive(work / "layout", name, archive)
     shutil.rmtree(work, ignore_errors=True)
     return archive, True
 
 
-def busybox_image(say: Say) -> tuple[Path, bool]:
-    busybox = Path(shutil.which("busybox") or "/bin/busybox").resolve()
-    archive = cache_root() / "images" / f"busybox-{_digest(busybox, BUSYBOX_IMAGE)}.tar"
-    if archive.is_file():
-        return archive, False
-    say(f"real node: building the consumer image {BUSYBOX_IMAGE} from {busybox}")
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    work = archive.with_suffix(".work")
-    work.mkdir(parents=True, exist_ok=True)
-    applets = subprocess.run(
-        [str(busybox), "--list"], capture_output=True, text=True, check=True
-    ).stdout.split()
+def pause_image(say: Say) -> tuple[Path, bool]:
+    """The sandbox image, from the pinned Kubernetes module's own ``pause.c``."""
+    modcache = subprocess.run(
+        ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    pause_c = Path(modcache) / f"k8s.io/kubernetes@{KUBERNETES_VERSION}/build/pause/linux/pause.c"
 
     def fill(rootfs: Path) -> None:
+        _run(
+            [
+                "gcc",
+                "-Os",
+                "-static",
+                "-o",
+                str(rootfs / "pause"),
+                str(pause_c),
+                '-DVERSION="3.10.2"',
+            ]
+        )
+
+    return _one_layer_image(
+        "pause", pause_c, PAUSE_IMAGE, say, fill, ["--config.entrypoint", "/pause"]
+    )
+
+
+def busybox_image(say: Say) -> tuple[Path, bool]:
+    """The consumer pods' image: Debian's static busybox with a link for each applet."""
+    busybox = Path(shutil.which("busybox") or "/bin/busybox").resolve()
+
+    def fill(rootfs: Path) -> None:
+        applets = subprocess.run(
+            [str(busybox), "--list"], capture_output=True, text=True, check=True
+        ).stdout.split()
         (rootfs / "bin").mkdir(exist_ok=True)
         shutil.copy2(busybox, rootfs / "bin" / "busybox")
         for applet in applets:
@@ -274,12 +330,14 @@ def busybox_image(say: Say) -> tuple[Path, bool]:
         for directory in ("tmp", "proc", "sys", "dev", "etc"):
             (rootfs / directory).mkdir(exist_ok=True)
 
-    _umoci_image(
-        work / "layout", "1", fill, ["--config.cmd", "/bin/sh", "--config.env", "PATH=/bin"]
+    return _one_layer_image(
+        "busybox",
+        busybox,
+        BUSYBOX_IMAGE,
+        say,
+        fill,
+        ["--config.cmd", "/bin/sh", "--config.env", "PATH=/bin"],
     )
-    _archive(work / "layout", BUSYBOX_IMAGE, archive)
-    shutil.rmtree(work, ignore_errors=True)
-    return archive, True
 
 
 def base_image(in_node: InNode, say: Say) -> tuple[Path, bool]:

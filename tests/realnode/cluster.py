@@ -31,16 +31,20 @@ from typing import Any, Final
 import yaml
 
 from rbln_device_plugin_sim.layout import Layout
-from rbln_device_plugin_sim.node import SimNode, materialize
+from rbln_device_plugin_sim.node import (
+    TOOLKIT_CDI_SPEC,
+    TOOLKIT_CDI_SPEC_NAME,
+    SimNode,
+    materialize,
+)
 
 from . import artifacts
 from .configs import (
     BRIDGE,
     CNI_CONFIG,
+    CONTAINERD_16_CONFIG,
     CONTAINERD_CONFIG,
     NODE_IP,
-    TOOLKIT_SPEC,
-    TOOLKIT_SPEC_NAME,
     kubelet_config,
 )
 
@@ -95,6 +99,24 @@ def unavailable() -> str:
     if probe.returncode != 0:
         return f"unshare --mount --pid --net failed: {probe.stderr.strip() or probe.returncode}"
     return ""
+
+
+def run_captured(
+    argv: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` to its end, its output as text, its exit status for the caller to judge."""
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env=dict(env) if env is not None else None,
+        input=input,
+    )
 
 
 def free_char_major() -> int:
@@ -232,15 +254,7 @@ class Node:
         input: str | None = None,
     ) -> str:
         """Run a command in the node and return its output; fail with its stderr."""
-        done = subprocess.run(
-            [*self.enter(net=net), *argv],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            env=dict(env) if env is not None else None,
-            input=input,
-        )
+        done = run_captured([*self.enter(net=net), *argv], timeout, env, input)
         if done.returncode != 0:
             raise ClusterError(
                 f"{' '.join(argv)} (in the node) failed ({done.returncode}):\n"
@@ -285,6 +299,18 @@ class Cluster:
     char_major: int = field(init=False)
     started_at: float = field(default_factory=time.monotonic)
     peak_memory: dict[str, float] = field(default_factory=dict)
+    # The 1.34 kubelet and containerd 1.6 (artifacts.LEGACY_TARGETS) instead of 1.37.2's
+    # kubelet and containerd 2.x; the control plane is the same.
+    legacy: bool = False
+
+    @property
+    def runtime_bin_dir(self) -> Path:
+        """Where the node's kubelet, containerd, ctr and runc shim come from."""
+        if not self.legacy:
+            return self.arts.bin_dir
+        if self.arts.legacy_bin_dir is None:
+            raise ClusterError("the legacy kubelet and containerd were not built")
+        return self.arts.legacy_bin_dir
 
     # ------------------------------------------------------------------ start
     def start(self, layout: Layout) -> None:
@@ -294,7 +320,7 @@ class Cluster:
             layout, self.state / "sim", char_major=self.char_major, smi_interpreter=IMAGE_PYTHON
         )
         _remove_stale_cgroups()
-        self.place_cdi_spec(TOOLKIT_SPEC_NAME, TOOLKIT_SPEC)
+        self.place_cdi_spec(TOOLKIT_CDI_SPEC_NAME, TOOLKIT_CDI_SPEC)
         self.node = Node(self.state)
         self.pki = self._pki()
         self._etcd()
@@ -323,7 +349,8 @@ class Cluster:
         log = self.state / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         full_env = {
-            "PATH": f"{self.arts.bin_dir}:{SYSTEM_PATH}",
+            # The runtime's directory first: its kubelet, containerd and shim win.
+            "PATH": f"{self.runtime_bin_dir}:{self.arts.bin_dir}:{SYSTEM_PATH}",
             "HOME": str(self.state),
             **(env or {}),
         }
@@ -502,14 +529,15 @@ class Cluster:
 
     def _containerd(self) -> None:
         config = self.state / "containerd.toml"
-        config.write_text(CONTAINERD_CONFIG.format(bin=self.arts.bin_dir, cni=artifacts.CNI_DIR))
+        template = CONTAINERD_16_CONFIG if self.legacy else CONTAINERD_CONFIG
+        config.write_text(template.format(cni=artifacts.CNI_DIR))
         (self.state / "cni.conflist").write_text(json.dumps(CNI_CONFIG))
         self.node.run(
             ["cp", str(self.state / "cni.conflist"), "/etc/cni/net.d/10-realnode.conflist"]
         )
         self.spawn("containerd", ["containerd", "--config", str(config)])
         ctr = [
-            str(self.arts.bin_dir / "ctr"),
+            str(self.runtime_bin_dir / "ctr"),
             "--address",
             "/run/containerd/containerd.sock",
             "-n",
@@ -583,28 +611,26 @@ class Cluster:
                     wait_for(f"removable cgroup {directory}", lambda d=directory: _rmdir(d), 30)
 
     # ------------------------------------------------------------------ tools
+    def _on_node_network(self, *argv: str) -> list[str]:
+        """``argv`` run in the node's network namespace only (the host's mounts: the tools
+        live in the repository, their state in the test's directory)."""
+        return ["nsenter", "--target", str(self.node.init_pid), "--net", "--", *argv]
+
+    def _run_on_node_network(
+        self,
+        argv: Sequence[str],
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return run_captured(self._on_node_network(*argv), timeout, env, input)
+
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
     ) -> str:
         """The real kubectl, on the node's network, with the admin kubeconfig."""
-        done = subprocess.run(
-            [
-                "nsenter",
-                "--target",
-                str(self.node.init_pid),
-                "--net",
-                "--",
-                str(KUBECTL),
-                "--kubeconfig",
-                str(self.pki.kubeconfig),
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            input=input,
-        )
+        argv = [str(KUBECTL), "--kubeconfig", str(self.pki.kubeconfig), *args]
+        done = self._run_on_node_network(argv, timeout, input=input)
         if done.returncode != 0:
             if not check:
                 return ""
@@ -613,8 +639,7 @@ class Cluster:
 
     def kubectl_stream(self, *args: str) -> subprocess.Popen[str]:
         """A long-running kubectl (``--watch``) whose output the caller reads."""
-        argv = ["nsenter", "--target", str(self.node.init_pid), "--net", "--", str(KUBECTL),
-                "--kubeconfig", str(self.pki.kubeconfig), *args]  # fmt: skip
+        argv = self._on_node_network(str(KUBECTL), "--kubeconfig", str(self.pki.kubeconfig), *args)
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def kubectl_json(self, *args: str) -> Any:
@@ -630,14 +655,7 @@ class Cluster:
             "HELM_DATA_HOME": str(home / "data"),
             "KUBECONFIG": str(self.pki.kubeconfig),
         }
-        done = subprocess.run(
-            ["nsenter", "--target", str(self.node.init_pid), "--net", "--", str(HELM), *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            env=env,
-        )
+        done = self._run_on_node_network([str(HELM), *args], timeout, env=env)
         if done.returncode != 0:
             raise ClusterError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
@@ -913,9 +931,16 @@ def _rmdir(path: Path) -> bool:
     return True
 
 
-def prepare(say: Say) -> artifacts.Artifacts:
-    """Build (or find cached) everything the node runs; the images need a node namespace."""
+def prepare(say: Say, legacy: bool = False) -> artifacts.Artifacts:
+    """Build (or find cached) everything the node runs; the images need a node namespace.
+    ``legacy``: also the 1.34 kubelet and containerd 1.6 (``Cluster.legacy``)."""
     bin_dir, built = artifacts.go_binaries(say)
+    legacy_bin_dir = None
+    if legacy:
+        legacy_bin_dir, legacy_built = artifacts.go_binaries(
+            say, artifacts.LEGACY_TARGETS, "bin-legacy"
+        )
+        built += legacy_built
     pause, pause_built = artifacts.pause_image(say)
     busybox, busybox_built = artifacts.busybox_image(say)
     state = Path(tempfile.mkdtemp(prefix="rbln-imgbuild-", dir="/tmp"))
@@ -947,7 +972,7 @@ def prepare(say: Say) -> artifacts.Artifacts:
         )
         if b
     ]
-    return artifacts.Artifacts(bin_dir, pause, busybox, plugin, name, tuple(built))
+    return artifacts.Artifacts(bin_dir, pause, busybox, plugin, name, tuple(built), legacy_bin_dir)
 
 
 def _with_progress(say: Say, what: str, work: Callable[[], Any]) -> Any:
@@ -972,12 +997,16 @@ def _with_progress(say: Say, what: str, work: Callable[[], Any]) -> Any:
 
 @contextlib.contextmanager
 def running_cluster(
-    layout: Layout, say: Say = print, arts: artifacts.Artifacts | None = None
+    layout: Layout,
+    say: Say = print,
+    arts: artifacts.Artifacts | None = None,
+    legacy: bool = False,
 ) -> Iterator[Cluster]:
-    """A started cluster behind a simulated node of ``layout``; torn down on any exit."""
-    arts = arts or prepare(say)
+    """A started cluster behind a simulated node of ``layout``; torn down on any exit.
+    ``legacy``: the 1.34 kubelet with containerd 1.6 (``Cluster.legacy``)."""
+    arts = arts or prepare(say, legacy)
     state = Path(tempfile.mkdtemp(prefix="rbln-realnode-", dir="/tmp"))
-    cluster = Cluster(state, arts, say)
+    cluster = Cluster(state, arts, say, legacy=legacy)
     try:
         cluster.start(layout)
         yield cluster

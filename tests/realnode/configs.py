@@ -1,5 +1,6 @@
-"""What the node's components are configured with: kubelet, containerd, CNI, and the CDI
-spec standing in for the RBLN container toolkit's. Data only; ``cluster`` writes them."""
+"""What the node's components are configured with: kubelet, containerd, CNI. Data only;
+``cluster`` writes them (with the simulator's stand-in for the RBLN container toolkit's
+CDI spec, ``rbln_device_plugin_sim.node.TOOLKIT_CDI_SPEC``, in the node's ``/etc/cdi``)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,6 @@ from . import artifacts
 
 NODE_IP: Final = "10.88.0.1"
 BRIDGE: Final = "rbln-br0"
-
-# Stands in for the RBLN container toolkit's rbln.yaml: the device the plugin's CDI
-# annotation names (rebellions.ai/npu=runtime) with one env edit to see in the container.
-TOOLKIT_SPEC_NAME: Final = "rbln.yaml"
-TOOLKIT_SPEC: Final = {
-    "cdiVersion": "0.6.0",
-    "kind": "rebellions.ai/npu",
-    "devices": [{"name": "runtime", "containerEdits": {"env": ["RBLN_CDI_RUNTIME=stand-in"]}}],
-}
 
 
 def kubelet_config(cgroup_root: str) -> dict[str, Any]:
@@ -80,6 +72,40 @@ state = "/run/containerd"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{cni}"]
+    conf_dir = "/etc/cni/net.d"
+""".replace("{sandbox}", artifacts.PAUSE_IMAGE)
+
+# containerd 1.6 (the legacy pairing): the same node in its version-2 format, at debug
+# level, where its CRI plugin logs each container's OCI spec.
+CONTAINERD_16_CONFIG: Final = """\
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[debug]
+  level = "debug"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox}"
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  # containerd 1.7's CDI switch, as an operator upgrading from 1.7 might leave it: 1.6
+  # has no CDI code, and its config loader drops keys it does not know without a word.
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni}"
     conf_dir = "/etc/cni/net.d"
 """.replace("{sandbox}", artifacts.PAUSE_IMAGE)
 

@@ -28,8 +28,15 @@ class Prepared:
 PREPARED = pytest.StashKey[Prepared]()
 
 
+def wants_legacy_runtime(marker: pytest.Mark | None) -> bool:
+    """``pytest.mark.realnode(legacy_runtime=True)``: the module's node runs the 1.34
+    kubelet with containerd 1.6 (``cluster.Cluster.legacy``)."""
+    return bool(marker is not None and marker.kwargs.get("legacy_runtime"))
+
+
 def prepare_session(session: pytest.Session, say: Callable[[str], None]) -> None:
-    if not any(item.get_closest_marker("realnode") for item in session.items):
+    markers = [m for item in session.items if (m := item.get_closest_marker("realnode"))]
+    if not markers:
         return
     reason = cluster.unavailable()
     if reason:
@@ -38,7 +45,7 @@ def prepare_session(session: pytest.Session, say: Callable[[str], None]) -> None
         return
     say(f"real node: looking for cached builds in {artifacts.cache_root()}")
     try:
-        arts = cluster.prepare(say)
+        arts = cluster.prepare(say, legacy=any(wants_legacy_runtime(m) for m in markers))
     except Exception as exc:  # reported by every realnode test instead of one crash
         say("real node: BUILD FAILED (its tests will fail)")
         session.config.stash[PREPARED] = Prepared(error=f"{type(exc).__name__}: {exc}")
@@ -49,8 +56,11 @@ def prepare_session(session: pytest.Session, say: Callable[[str], None]) -> None
 
 
 def _du(path: Path) -> int:
+    """MiB under ``path``; du exits 1 when a file vanished under it (a container's, as the
+    cluster runs) yet still prints its total."""
     done = subprocess.run(["du", "-sxm", str(path)], capture_output=True, text=True, check=False)
-    return int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout else -1
+    fields = done.stdout.split()
+    return int(fields[0]) if fields and fields[0].isdigit() else -1
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +68,8 @@ def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
     """A running one-node cluster (simulated node ``layouts.mixed``) for one test module.
 
     Per module, not per session: the cluster (some 750 MiB and a steady trickle of CPU)
-    is gone before the suite's other modules run. Within the module tests share it.
+    is gone before the suite's other modules run. Within the module tests share it. A
+    module marked ``realnode(legacy_runtime=True)`` gets the 1.34 kubelet and containerd 1.6.
     """
     prepared = request.config.stash.get(PREPARED, Prepared(skip="not prepared"))
     if prepared.skip:
@@ -82,7 +93,8 @@ def realnode(request: pytest.FixtureRequest) -> Iterator[cluster.Cluster]:
         with capture.global_and_fixture_disabled():
             reporter.write_line(text)
 
-    with cluster.running_cluster(layouts.mixed(), say, prepared.arts) as running:
+    legacy = wants_legacy_runtime(request.node.get_closest_marker("realnode"))
+    with cluster.running_cluster(layouts.mixed(), say, prepared.arts, legacy) as running:
         yield running
         running.note_memory()
         memory = running.peak_memory

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
-from rbln_device_plugin_sim.layout import Layout, SimDevice, generate, make_vfs
+from rbln_device_plugin_sim.layout import Layout, generate, make_vfs, rebel_pf
 
 EXPECTED: Final = {
     "rebellions.ai/npu": 4,
@@ -20,24 +20,10 @@ EXPECTED: Final = {
 }
 
 
-def _rebel_pf(index: int, bus: int, vfs: int) -> SimDevice:
-    bdf = f"0000:{bus:02x}:00.0"
-    return SimDevice(
-        name=f"rbln{index}",
-        npu=index,
-        product="RBLN-CR13",
-        bus_id=bdf,
-        sid=f"{21303000 + index:016d}",
-        numa="1",
-        pci_path=(f"pci0000:{bus - 1:02x}", f"0000:{bus - 1:02x}:01.0", bdf),
-        sriov_numvfs=vfs,
-    )
-
-
 def mixed() -> Layout:
     atom = generate(1, 4, 1, product="RBLN-CA25", name="realnode")
-    vf4_pf = _rebel_pf(4, 0x41, 4)
-    vf1_pf = _rebel_pf(5, 0x61, 1)
+    vf4_pf = rebel_pf(4, 0x41, "1", sid_base=21303000, sriov_numvfs=4)
+    vf1_pf = rebel_pf(5, 0x61, "1", sid_base=21303000, sriov_numvfs=1)
     vf4 = make_vfs(vf4_pf, 4, 6)
     vf1 = make_vfs(vf1_pf, 1, 10)
     return dataclasses.replace(

@@ -308,14 +308,18 @@ def rebel_4() -> Layout:
     return dataclasses.replace(layout, description="4 x RBLN-CR13, one device per card")
 
 
-def _rebel_pf(index: int, bus: int, numa: str, **changes: Any) -> SimDevice:
+def rebel_pf(
+    index: int, bus: int, numa: str, *, sid_base: int = 21302000, **changes: Any
+) -> SimDevice:
+    """A REBEL (CR13) physical function ``rbln<index>`` at bus ``bus`` behind its own root
+    port; ``changes``: other ``SimDevice`` fields (``sriov_numvfs``, ``listed``...)."""
     bdf = f"0000:{bus:02x}:00.0"
     return SimDevice(
         name=f"rbln{index}",
         npu=index,
         product="RBLN-CR13",
         bus_id=bdf,
-        sid=f"{21302000 + index:016d}",
+        sid=f"{sid_base + index:016d}",
         numa=numa,
         pci_path=(f"pci0000:{bus - 1:02x}", f"0000:{bus - 1:02x}:01.0", bdf),
         **changes,
@@ -324,10 +328,10 @@ def _rebel_pf(index: int, bus: int, numa: str, **changes: Any) -> SimDevice:
 
 def rebel_sriov() -> Layout:
     """vf-4 (PF unlisted by rbln-smi), vf-1 (PF listed, VF without status), plain PFs."""
-    pf0 = _rebel_pf(0, 0x17, "0", sriov_numvfs=4, listed=False)
-    pf1 = _rebel_pf(1, 0x2A, "0", sriov_numvfs=1)
-    pf2 = _rebel_pf(2, 0x3D, "1", sriov_numvfs=0)
-    pf3 = _rebel_pf(3, 0x51, "1")  # no sriov_numvfs file: not SR-IOV capable
+    pf0 = rebel_pf(0, 0x17, "0", sriov_numvfs=4, listed=False)
+    pf1 = rebel_pf(1, 0x2A, "0", sriov_numvfs=1)
+    pf2 = rebel_pf(2, 0x3D, "1", sriov_numvfs=0)
+    pf3 = rebel_pf(3, 0x51, "1")  # no sriov_numvfs file: not SR-IOV capable
     vfs0 = make_vfs(pf0, 4, 4)
     vfs1 = [dataclasses.replace(v, status=None) for v in make_vfs(pf1, 1, 8)]
     return Layout(
@@ -339,9 +343,9 @@ def rebel_sriov() -> Layout:
 
 def rebel_sriov_bad() -> Layout:
     """A PF with an unsupported VF count (2) next to a vf-4 PF and a plain PF."""
-    pf0 = _rebel_pf(0, 0x17, "0", sriov_numvfs=2, listed=False)
-    pf1 = _rebel_pf(1, 0x2A, "0", sriov_numvfs=4, listed=False)
-    pf2 = _rebel_pf(2, 0x3D, "1")
+    pf0 = rebel_pf(0, 0x17, "0", sriov_numvfs=2, listed=False)
+    pf1 = rebel_pf(1, 0x2A, "0", sriov_numvfs=4, listed=False)
+    pf2 = rebel_pf(2, 0x3D, "1")
     return Layout(
         "rebel-sriov-bad",
         (pf0, *make_vfs(pf0, 2, 3), pf1, *make_vfs(pf1, 4, 5), pf2),

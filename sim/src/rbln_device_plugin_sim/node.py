@@ -26,6 +26,7 @@ from rbln_device_plugin_sim.tree import (
     LAYOUT_FILE,
     LONGEST_SOCKET,
     MAX_SOCKET_PATH,
+    TOOLKIT_CDI_SPEC_NAME,
     NodePaths,
     SimError,
     remove_device,
@@ -34,7 +35,17 @@ from rbln_device_plugin_sim.tree import (
     write_smi_script,
 )
 
-__all__ = ["LAYOUT_FILE", "SimError", "SimNode", "materialize", "remove_node", "short_tempdir"]
+__all__ = [
+    "LAYOUT_FILE",
+    "TOOLKIT_CDI_ENV",
+    "TOOLKIT_CDI_SPEC",
+    "TOOLKIT_CDI_SPEC_NAME",
+    "SimError",
+    "SimNode",
+    "materialize",
+    "remove_node",
+    "short_tempdir",
+]
 
 MAX_VFS: Final = 7  # functions .1 .. .7 of the PF's slot
 
@@ -74,7 +85,7 @@ class SimNode(NodePaths):
     # ------------------------------------------------------------ the toolkit's CDI spec
     def write_cdi_spec(self, text: str | None = None) -> None:
         """The container toolkit's ``rbln.yaml`` (``text``: any contents, for tests)."""
-        temporary = self.cdi_spec_path.with_name(".rbln.yaml.tmp")
+        temporary = self.cdi_spec_path.with_name(f".{TOOLKIT_CDI_SPEC_NAME}.tmp")
         temporary.write_text(TOOLKIT_CDI_SPEC if text is None else text, encoding="utf-8")
         temporary.replace(self.cdi_spec_path)  # as a toolkit writes it: never half a file
 
@@ -249,15 +260,19 @@ def _alive(pid: int) -> bool:
 
 
 # What the RBLN container toolkit's spec amounts to on the simulated node: the kind and
-# device name the plugin's answers reference, and an edit a container can show.
-TOOLKIT_CDI_SPEC: Final = """\
+# device name the plugin's answers reference, and an edit a container can show. The one
+# stand-in for every test: the daemon's (sim nodes) and the container runtimes' (the real
+# node's /etc/cdi). TOOLKIT_CDI_ENV: (name, value) of the env edit, what a container whose
+# runtime applied the spec finds in its environment.
+TOOLKIT_CDI_ENV: Final = ("RBLN_CDI_SPEC", "simulated")
+TOOLKIT_CDI_SPEC: Final = f"""\
 cdiVersion: 0.6.0
 kind: rebellions.ai/npu
 devices:
   - name: runtime
     containerEdits:
       env:
-        - RBLN_CDI_SPEC=simulated
+        - {TOOLKIT_CDI_ENV[0]}={TOOLKIT_CDI_ENV[1]}
 """
 
 # What a node (and the tools around it) put under its root; --force removes only these.

@@ -23,6 +23,8 @@ from rbln_device_plugin_sim.state import make_dev_node
 
 LAYOUT_FILE: Final = "layout.json"
 STATE_FILE: Final = "smi-state.json"
+# The file the RBLN container toolkit writes its CDI spec to, in /etc/cdi.
+TOOLKIT_CDI_SPEC_NAME: Final = "rbln.yaml"
 # The longest socket file name the daemon creates in the kubelet directory.
 LONGEST_SOCKET: Final = resources.LONGEST_SOCKET_NAME
 MAX_SOCKET_PATH: Final = 100
@@ -75,7 +77,7 @@ class NodePaths:
 
     @property
     def cdi_spec_path(self) -> Path:
-        return self.cdi_static_dir / "rbln.yaml"
+        return self.cdi_static_dir / TOOLKIT_CDI_SPEC_NAME
 
     @property
     def rsd_lock_path(self) -> Path:

@@ -54,8 +54,10 @@ def ensure_subdir(parent: Path, name: str, mode: int = DIR_MODE) -> Path:
 def umask(mask: int) -> Iterator[None]:
     """Set the process umask for a block that creates files.
 
-    Only the event-loop thread creates files in this daemon, so a temporary change is
-    not seen by anything else.
+    Only the event-loop thread changes the umask (for the plugin socket's bind). Files
+    and directories made on host I/O threads meanwhile set their mode explicitly right
+    after creating them (``ownfiles``, ``ensure_dir``), so the change can only narrow
+    their mode for that moment, never widen it.
     """
     previous = os.umask(mask)
     try:

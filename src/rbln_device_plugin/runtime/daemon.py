@@ -108,14 +108,16 @@ async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asynci
     else:
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
-    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME)
     recorder = await metrics_setup.start(config)  # before any wait: a waiting instance shows
+    # The daemon's one runner of blocking host calls: the lock files, then the scans.
+    hostio = HostIO(metrics=recorder)
+    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME, hostio)
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the
             # kubelet creates: on a machine that is not (yet) a node, wait for it.
             recorder.instance_state(m.STATE_WAITING_FOR_KUBELET_DIR)
-            waited = await KubeletDirectory(config.kubelet_dir).wait(stop)
+            waited = await KubeletDirectory(config.kubelet_dir, hostio).wait(stop)
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
             if not waited or not await instance.acquire(stop):
                 await recorder.shutdown()
@@ -125,7 +127,7 @@ async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asynci
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
         recorder.instance_state(m.STATE_SERVING)
-        return await _serve_locked(config, stop, signals, health, instance, recorder)
+        return await _serve_locked(config, stop, signals, health, instance, recorder, hostio)
     finally:
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
@@ -144,6 +146,7 @@ async def _serve_locked(
     health: HealthService | None,
     instance: InstanceLock,
     recorder: m.Metrics,
+    hostio: HostIO,
 ) -> int:
     traces = tracing.setup(config)  # the tracer, and the exporter behind it when enabled
 
@@ -157,15 +160,15 @@ async def _serve_locked(
 
     watchdog = ScanWatchdog(config.scan_stall_limit, set_alive)
 
-    def scan_started() -> None:
-        instance.check()
-        watchdog.scan_started()
+    async def scan_started() -> None:
+        watchdog.scan_started()  # a lock check that stalls is part of a stuck scan
+        await instance.check()
 
-    def kubelet_restarted() -> None:
-        instance.check()  # kubelets before 1.33 delete the legacy lock file at start
+    async def kubelet_restarted() -> None:
+        await instance.check()  # kubelets before 1.33 delete the legacy lock file at start
 
     manager = Manager(
-        SharedServices(config, traces.tracer, HostIO(metrics=recorder), recorder),
+        SharedServices(config, traces.tracer, hostio, recorder),
         ScanHooks(
             first_scan=mark_ready,
             scan_start=scan_started,
