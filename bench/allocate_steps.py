@@ -33,6 +33,7 @@ import functools
 import json
 import os
 import runpy
+import signal
 import statistics
 import sys
 import time
@@ -202,11 +203,12 @@ async def measure(
     tools: list[fastsmi.FastSmi] = []
     command = [*prefix, sys.executable, "-m", "bench.allocate_steps", "--daemon"]
     results = []
+    tracees: list[int] = []
     try:
         async with node_with_daemon(
             preset("atom-max-8"), "1h", lambda node: tools.append(fastsmi.install(node)),
             command=command,
-        ) as (node, kubelet, _, _):  # fmt: skip
+        ) as (node, kubelet, daemon, _):  # fmt: skip
             await kubelet.wait_for(npu, lambda v: len(v.devices) == 32, 30)
             tool = tools[0]
             target = f"unix:{node.kubelet_dir / socket_name(npu)}"
@@ -231,8 +233,16 @@ async def measure(
                     lines = steps_file.read_text().splitlines()
                     if call >= 5:
                         results.append(breakdown(json.loads(lines[-1]), client_ms, tool.recorded()))
+            # Under strace the daemon is strace's child; strace detaches from it when it
+            # is stopped, so the daemon is stopped here by its own pid.
+            if prefix:
+                children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children")
+                tracees = [int(pid) for pid in children.read_text().split()]
     finally:
         steps_file.unlink(missing_ok=True)
+    for pid in tracees:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     return results
 
 
