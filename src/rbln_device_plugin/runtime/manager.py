@@ -85,7 +85,9 @@ class Manager:
         # Set to scan now and keep the schedule: a kubelet restart, a lost stream, or a
         # plugin that wants a rescan (Allocate found the node changed since the last scan).
         self._wake = services.rescan_wanted
-        self.kubelet_socket_watch = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
+        self.kubelet_socket_watch = KubeletSocketWatch(
+            config.kubelet_dir, self._kubelet_restarted, self._hostio
+        )
         self._kubelet_dir = KubeletDirectory(config.kubelet_dir, self._hostio)
         self.cdi_check = CdiSpecCheck(config, self._hostio, self._metrics)
         self._cdi_check_failed = False
@@ -106,6 +108,7 @@ class Manager:
         self._offered: dict[str, frozenset[str]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self.kubelet_socket_watch.prime()  # the kubelet.sock found at start: no restart
         await self._clean_cdi()
         await self._check_cdi_spec()  # once before the first scan: its record comes first
         watcher = asyncio.create_task(self.kubelet_socket_watch.run(stop), name="kubelet-watch")
@@ -313,7 +316,7 @@ class Manager:
 
     async def _after_stream_loss(self, plugin: ResourcePlugin) -> None:
         await asyncio.sleep(STREAM_LOSS_GRACE_S)
-        self.kubelet_socket_watch.check()
+        await self.kubelet_socket_watch.check()
         if self._restart_pending or self.plugins.get(plugin.resource) is not plugin:
             return  # a kubelet restart: every plugin starts again, nothing was lost
         plugin.registration_lost()
@@ -364,7 +367,7 @@ class Manager:
         self._wake.set()
 
     async def _restart_if_kubelet_restarted(self) -> None:
-        self.kubelet_socket_watch.check()  # a cheap stat per scan backs up the watch
+        await self.kubelet_socket_watch.check()  # a cheap stat per scan backs up the watch
         if self._restart_pending:
             self._restart_pending = False
             self._kubelet_down = False
