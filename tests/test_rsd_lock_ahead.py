@@ -20,8 +20,17 @@ from rbln_device_plugin.host.rsd import (
 from .test_rsd import BUS, RsdNode, lock_is_free
 
 
-def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def fds_on(path: Path) -> set[str]:
+    """This process's descriptors open on ``path``. Only these: other tests' objects
+    (an in-process daemon's) may close descriptors of their own meanwhile."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                held.add(fd)
+        except OSError:
+            continue  # closed while listing
+    return held
 
 
 @pytest.fixture
@@ -30,27 +39,27 @@ def node(short_tmp: Path) -> RsdNode:
 
 
 async def test_the_lock_file_opened_ahead_is_locked_then_closed(node: RsdNode) -> None:
-    before = open_fds()
     ahead = open_lock_file_ahead(node.lock)
     assert isinstance(ahead, OpenedLockFile)
+    assert fds_on(node.lock)
     assert node.lock.is_file()  # created (with its directories) when missing
     group = await node.recreate([BUS[1]], opened_lock=ahead)
     assert group == RsdGroup(1, node.dev / "rsd1")
     assert node.calls() == ["-g -j", "group -c 1 -a 1"]
     assert lock_is_free(node.lock)
-    assert open_fds() == before
+    assert fds_on(node.lock) == set()
     with pytest.raises(RuntimeError, match="already taken"):
         ahead.take()
 
 
 async def test_a_refused_request_closes_the_lock_file_opened_ahead(node: RsdNode) -> None:
-    before = open_fds()
     for bus_ids in ([], ["../../etc/passwd"]):
         ahead = open_lock_file_ahead(node.lock)
+        assert fds_on(node.lock)
         with pytest.raises(RsdError, match="bus IDs"):
             await node.recreate(bus_ids, opened_lock=ahead)
     assert node.calls() == []
-    assert open_fds() == before
+    assert fds_on(node.lock) == set()
 
 
 async def test_a_failed_or_stalled_open_ahead_fails_the_group_naming_the_file(
@@ -69,10 +78,10 @@ async def test_a_failed_or_stalled_open_ahead_fails_the_group_naming_the_file(
 
 
 def test_a_lock_file_opened_ahead_and_dropped_is_closed(tmp_path: Path) -> None:
-    before = open_fds()
-    ahead = open_lock_file_ahead(tmp_path / "rsd.lock")
+    lock = tmp_path / "rsd.lock"
+    ahead = open_lock_file_ahead(lock)
     assert isinstance(ahead, OpenedLockFile)
-    assert open_fds() != before
+    assert fds_on(lock)
     del ahead  # a cancelled batch's results are dropped like this
     gc.collect()
-    assert open_fds() == before
+    assert fds_on(lock) == set()

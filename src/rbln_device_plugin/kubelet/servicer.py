@@ -19,7 +19,7 @@ from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.devicestate import DeviceState
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.devicetable import KubeletDevice
-from rbln_device_plugin.runtime import memory
+from rbln_device_plugin.host import memory
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
