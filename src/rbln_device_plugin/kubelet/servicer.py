@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.host import memory
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.devicestate import DeviceState
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.devicetable import KubeletDevice
-from rbln_device_plugin.host import memory
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
