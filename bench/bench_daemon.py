@@ -25,6 +25,7 @@ from typing import Any
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import Layout, generate, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.processes import stop_process
 
 NPU = "rebellions.ai/npu"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -96,7 +97,11 @@ def wrapper_cost_ms(smi: Path, timings: Path, runs: int = 10) -> float:
 
 @asynccontextmanager
 async def node_with_daemon(
-    layout: Layout, interval: str, prepare: Any = None, extra_args: Sequence[str] = ()
+    layout: Layout,
+    interval: str,
+    prepare: Any = None,
+    extra_args: Sequence[str] = (),
+    command: Sequence[str] = (sys.executable, "-m", "rbln_device_plugin"),
 ) -> AsyncIterator[tuple[SimNode, KubeletStub, subprocess.Popen[bytes], float]]:
     root = short_tempdir("rbln-bench-")
     node = materialize(layout, root)
@@ -107,7 +112,7 @@ async def node_with_daemon(
     env = {**os.environ, "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "error"}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args(interval), *extra_args],
+        [*command, *node.daemon_args(interval), *extra_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -115,11 +120,7 @@ async def node_with_daemon(
     try:
         yield node, kubelet, proc, started
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         await kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
 

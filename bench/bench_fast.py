@@ -46,6 +46,7 @@ from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 from . import fastsmi
 from .bench_daemon import node_with_daemon, rss_mib
+from .rows import floor_row
 
 NPU = "rebellions.ai/npu"
 Row = dict[str, Any]
@@ -58,11 +59,7 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 def row(metric: str, value: float, unit: str, floor: float | None = None, extra: str = "") -> Row:
-    note = extra
-    if floor is not None:
-        ratio = f"{value / floor:.2f}x" if floor > 0 else "n/a"
-        note = f"floor {floor:.3f} {unit} ({ratio})" + (f"; {extra}" if extra else "")
-    return {"area": "fast", "metric": metric, "value": value, "unit": unit, "note": note}
+    return floor_row("fast", metric, value, unit, floor, extra)
 
 
 # ---------------------------------------------------------------------------- Allocate

@@ -47,6 +47,7 @@ from .bench_daemon import (
     rss_mib,
     wrapper_cost_ms,
 )
+from .rows import floor_row
 
 NPU = "rebellions.ai/npu"
 Row = dict[str, Any]
@@ -303,11 +304,9 @@ def row(
     floor_unit: str = "",
     extra: str = "",
 ) -> Row:
-    note = extra
-    if floor is not None:
-        ratio = f"{value / floor:.1f}x" if floor > 0 else "n/a"
-        note = f"floor {floor:.3f} {floor_unit} ({ratio})" + (f"; {extra}" if extra else "")
-    return {"area": "lean", "metric": metric, "value": value, "unit": unit, "note": note}
+    return floor_row(
+        "lean", metric, value, unit, floor, extra, floor_unit=floor_unit, ratio_digits=1
+    )
 
 
 async def main_async(quick: bool) -> list[Row]:

@@ -22,6 +22,7 @@ class DaemonProcess:
         env: Mapping[str, str] | None = None,
         level: str = "debug",
         umask: int = -1,
+        command: Sequence[str] = (sys.executable, "-m", "rbln_device_plugin"),
     ) -> None:
         full_env = {
             key: value
@@ -31,7 +32,7 @@ class DaemonProcess:
         full_env["RBLN_DEVICE_PLUGIN_LOG_LEVEL"] = level
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rbln_device_plugin", *args],
+            [*command, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,

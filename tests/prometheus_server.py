@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from rbln_device_plugin_sim.processes import stop_process
+
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "deployments" / "prometheus" / "rules.yaml"
 RULES_TEST = REPO / "deployments" / "prometheus" / "rules.test.yaml"
@@ -127,9 +129,4 @@ def prometheus(
             time.sleep(0.1)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)

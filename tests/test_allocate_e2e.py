@@ -5,19 +5,44 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from rbln_device_plugin_sim.state import Fault
 
 from .fault_helpers import wait_until
-from .simnode import Harness, rejected, running
+from .inprocess import InProcess as Harness
+from .inprocess import running
+from .simnode import rejected
 
 NPU = "rebellions.ai/npu"
 VF4 = "rebellions.ai/npu-vf4"
 VF1 = "rebellions.ai/npu-vf1"
 ANNOTATION = {"cdi.k8s.io/rebellions.ai_npu": "rebellions.ai/npu=runtime"}
+
+# Every test on the module's loop: the shared daemon below serves the whole module.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def _shared_rebel4() -> AsyncIterator[Harness]:
+    # No periodic scan: an rbln-smi fault a test injects meets only that test's requests.
+    async with running("rebel-4", interval="1h") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        yield h
+
+
+@pytest.fixture
+def rebel4(_shared_rebel4: Harness) -> Harness:
+    """One rebel-4 daemon for the tests that refuse requests or replace groups only.
+
+    None of them faults a device's status (the health history would keep it), and each
+    compares the groups before and after itself, never with a fixed set.
+    """
+    return _shared_rebel4.for_test()
 
 
 def specs(response: object) -> list[tuple[str, str, str]]:
@@ -112,16 +137,16 @@ async def test_vf_allocation_creates_a_group_with_vf_nodes() -> None:
      ([["rbln0"], ["rbln1", "x" * 5000]], "xxx...")],
 )  # fmt: skip
 async def test_bad_requests_are_rejected_without_touching_the_node(
-    containers: list[list[str]], expected: str
+    rebel4: Harness, containers: list[list[str]], expected: str
 ) -> None:
-    async with running("rebel-4") as h:
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        message = await rejected(h, NPU, containers)
-        assert expected in message and NPU in message
-        assert len(message) < 2000
-        assert groups(h) == {}
-        (failed,) = await h.daemon.await_log("Container allocation failed")
-        assert failed["level"] == "error" and failed["err"] and "durationMs" in failed
+    h = rebel4
+    before = h.node.groups()
+    message = await rejected(h, NPU, containers)
+    assert expected in message and NPU in message
+    assert len(message) < 2000
+    assert h.node.groups() == before
+    (failed,) = await h.daemon.await_log("Container allocation failed")
+    assert failed["level"] == "error" and failed["err"] and "durationMs" in failed
 
 
 async def test_unhealthy_device_is_rejected_by_the_final_check() -> None:
@@ -140,19 +165,22 @@ async def test_unhealthy_device_is_rejected_by_the_final_check() -> None:
         assert len(response.container_responses) == 1
 
 
-async def test_an_id_shared_by_two_containers_is_refused_before_any_host_access() -> None:
-    async with running("rebel-4") as h:
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        groups = h.node.groups()
-        h.node.inject_fault(Fault("error"))  # any rbln-smi call would fail differently
+async def test_an_id_shared_by_two_containers_is_refused_before_any_host_access(
+    rebel4: Harness,
+) -> None:
+    h = rebel4
+    groups = h.node.groups()
+    h.node.inject_fault(Fault("error"))  # any rbln-smi call would fail differently
+    try:
         message = await rejected(h, NPU, [["rbln1", "rbln2"], ["rbln2"]])
-        assert "'rbln2' requested by more than one container" in message
-        assert "rbln1" not in message.split(":", 1)[1]
+    finally:
         h.node.clear_faults()
-        assert h.node.groups() == groups  # no group was touched
-        # Distinct devices in two containers: two groups.
-        response = await h.kubelet.allocate(NPU, [["rbln1"], ["rbln2"]])
-        assert len(response.container_responses) == 2
+    assert "'rbln2' requested by more than one container" in message
+    assert "rbln1" not in message.split(":", 1)[1]
+    assert h.node.groups() == groups  # no group was touched
+    # Distinct devices in two containers: two groups.
+    response = await h.kubelet.allocate(NPU, [["rbln1"], ["rbln2"]])
+    assert len(response.container_responses) == 2
 
 
 @pytest.mark.parametrize(
@@ -163,19 +191,20 @@ async def test_an_id_shared_by_two_containers_is_refused_before_any_host_access(
                   marks=pytest.mark.slow)],  # waits out the 5 s rbln-smi limit
 )  # fmt: skip
 async def test_rbln_smi_failures_fail_the_request_and_the_daemon_serves_on(
-    fault: Fault, expected: str
+    rebel4: Harness, fault: Fault, expected: str
 ) -> None:
-    async with running("rebel-4") as h:
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        await h.kubelet.allocate(NPU, [["rbln0"]])  # a group to delete next time
-        h.node.inject_fault(fault)
+    h = rebel4
+    await h.kubelet.allocate(NPU, [["rbln0"]])  # a group to delete next time
+    h.node.inject_fault(fault)
+    try:
         message = await rejected(h, NPU, [["rbln0"]])
-        assert expected.lower() in message.lower()
+    finally:
         h.node.clear_faults()
-        response = await h.kubelet.allocate(NPU, [["rbln1"]])
-        assert len(response.container_responses) == 1
-        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], [], 1)
-        _assert_lock_free(h.node.rsd_lock_path)
+    assert expected.lower() in message.lower()
+    response = await h.kubelet.allocate(NPU, [["rbln1"]])
+    assert len(response.container_responses) == 1
+    assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], [], 1)
+    _assert_lock_free(h.node.rsd_lock_path)
 
 
 @pytest.mark.slow  # waits out the 5 s wait for the group's node
@@ -194,20 +223,19 @@ async def test_missing_rsd_node_fails_after_polling() -> None:
 
 
 @pytest.mark.slow  # waits out the 5 s lock budget
-async def test_lock_held_elsewhere_times_out_cleanly() -> None:
-    async with running("rebel-4") as h:
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        h.node.rsd_lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(h.node.rsd_lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            message = await rejected(h, NPU, [["rbln0"]])
-            assert "lock" in message.lower()
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-        response = await h.kubelet.allocate(NPU, [["rbln0"]])
-        assert len(response.container_responses) == 1
+async def test_lock_held_elsewhere_times_out_cleanly(rebel4: Harness) -> None:
+    h = rebel4
+    h.node.rsd_lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(h.node.rsd_lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        message = await rejected(h, NPU, [["rbln0"]])
+        assert "lock" in message.lower()
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    response = await h.kubelet.allocate(NPU, [["rbln0"]])
+    assert len(response.container_responses) == 1
 
 
 async def test_other_resources_answer_while_an_allocate_waits() -> None:

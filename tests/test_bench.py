@@ -25,3 +25,18 @@ def test_every_benchmark_runs_and_reports_its_area() -> None:
     table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     areas = {line.split("|")[1].strip() for line in table[1:]}
     assert areas == AREAS, done.stdout[-4000:]
+
+
+@pytest.mark.timeout(300)
+def test_the_allocate_breakdown_runs_and_reports_every_step() -> None:
+    # Its hooks wrap daemon functions by name: a renamed step must fail here, not when
+    # someone next profiles an Allocate.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.allocate_steps", "--calls", "3"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    steps = {line.split()[0] for line in done.stdout.splitlines()[2:] if line.strip()}
+    expected = {"gRPC", "checks", "lock", "spawn", "tool", "reap", "parse", "node", "rest"}
+    assert expected | {"handler", "total", "share"} <= steps, done.stdout
+    assert "thread hops 2" in done.stdout, done.stdout

@@ -1,4 +1,8 @@
-"""The daemon end to end: simulated node, kubelet stub, the real daemon process."""
+"""The daemon end to end: simulated node, kubelet stub, the daemon's runtime.
+
+Behaviour (registration, ListAndWatch, health, discovery failures, kubelet restarts) runs
+in-process (tests/inprocess.py); signals and the process's descriptors need the real
+daemon process (simnode.running, fault_helpers.launch)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import pytest
 from rbln_device_plugin_sim.state import Fault
 
 from .fault_helpers import assert_settles, launch, take_baseline
-from .simnode import running
+from .inprocess import running
+from .simnode import running as running_process
 
 NPU = "rebellions.ai/npu"
 VF1 = "rebellions.ai/npu-vf1"
@@ -250,7 +255,7 @@ async def test_kubelet_restarts_twenty_times_without_leaks() -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
 async def test_shutdown_removes_sockets_and_ends_streams(sig: signal.Signals) -> None:
-    async with running("rebel-sriov") as h:
+    async with running_process("rebel-sriov") as h:
         for resource in (NPU, VF1, VF4):
             await h.kubelet.wait_for(resource, lambda v: len(v.devices) > 0)
         code = await asyncio.to_thread(h.daemon.stop, sig, SHUTDOWN_GUARD_S)

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import stat
 from pathlib import Path
 
 import pytest
 
 from rbln_device_plugin.host.ownfiles import MOVED_ASIDE_MSG
+from rbln_device_plugin.kubelet.plugin import FOREIGN_REMOVED_MSG
+from rbln_device_plugin.resources import socket_name
 from rbln_device_plugin.runtime.instancelock import (
     ANCHOR_NAME,
     LEGACY_LOCK_NAME,
@@ -23,7 +26,7 @@ from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 from .daemon_process import DaemonProcess
-from .fault_helpers import NPU, launch
+from .fault_helpers import NPU, VF1, VF4, launch
 from .probes import health, health_port
 from .test_inspect_cli import device, report
 from .test_tracing import receiver
@@ -132,6 +135,53 @@ async def test_a_stray_file_where_the_lock_directory_belongs_does_not_stop_the_n
         assert str(moved) in str(record["hint"])
         assert (h.node.kubelet_dir / LOCK_DIR / LOCK_NAME).is_file()
         assert not [r for r in h.daemon.records if r.get("level") == "error"]
+
+
+SERVER_FAILED = "Cannot start device plugin server; retrying next scan"
+
+
+async def test_what_sits_at_a_plugin_socket_path_is_removed_as_itself_or_named() -> None:
+    """A stale socket (NPU) and a symlink (VF1) go as the entries themselves; a directory
+    (VF4, what a hostPath DirectoryOrCreate makes) stays, is named once with what to do,
+    and the resource starts the scan after the operator removed it."""
+    victims: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        victims.append(_victim(node.root))
+        bind_stale_socket(node.kubelet_dir / socket_name(NPU))
+        (node.kubelet_dir / socket_name(VF1)).symlink_to(victims[0])
+        (node.kubelet_dir / socket_name(VF4)).mkdir()
+
+    async with launch("rebel-sriov", before_start=plant) as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 2)
+        await h.kubelet.wait_for(VF1, lambda v: len(v.devices) == 1)
+        _assert_untouched(victims[0])
+        (link,) = h.daemon.find(FOREIGN_REMOVED_MSG)  # none for the stale socket
+        assert link["level"] == "warn" and link["kind"] == "symbolic link"
+        assert link["linkTarget"] == str(victims[0])
+        assert link["socketPath"] == str(h.node.kubelet_dir / socket_name(VF1))
+        directory = h.node.kubelet_dir / socket_name(VF4)
+        (refused,) = await h.daemon.await_log(SERVER_FAILED, resourceName=VF4)
+        assert refused["level"] == "error" and refused["socketPath"] == str(directory)
+        assert f"{directory} is a directory, not a socket" in str(refused["err"])
+        assert f"remove the directory {directory}" in str(refused["err"])
+        await h.daemon.await_log("Reconciled device inventory", count=4)
+        # Said once, however many scans retried; the daemon serves the rest meanwhile.
+        assert len(h.daemon.find(SERVER_FAILED, level="error")) == 1
+        assert directory.is_dir() and h.kubelet.view(VF4) is None
+        directory.rmdir()
+        (started,) = await h.daemon.await_log("Device plugin server started", resourceName=VF4)
+        assert int(started["failedAttempts"]) >= 2
+        await h.kubelet.wait_for(VF4, lambda v: len(v.devices) == 4)
+        assert h.sockets() == sorted(["kubelet.sock", *(socket_name(r) for r in (NPU, VF1, VF4))])
+        assert h.daemon.stop() == 0
+        _assert_untouched(victims[0])
+        assert h.sockets() == ["kubelet.sock"]
+
+
+def bind_stale_socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
 
 
 async def test_a_kubelet_directory_deleted_and_recreated_never_makes_two_instances_ready() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
-from rbln_device_plugin.host.paths import ensure_subdir
+from rbln_device_plugin.host.paths import ensure_dir, ensure_subdir
 
 from .fault_helpers import wait_until
 
@@ -171,3 +171,31 @@ def test_ensure_subdir_never_makes_its_parent(tmp_path: Path) -> None:
     made = ensure_subdir(missing, "rbln-device-plugin")
     assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o750
     assert ensure_subdir(missing, "rbln-device-plugin") == made  # already there: fine
+
+
+@pytest.mark.parametrize("make", ["ensure_dir", "ensure_subdir"])
+def test_a_directory_swapped_for_a_symlink_after_mkdir_never_passes_its_mode_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: str
+) -> None:
+    # The race a writer of the parent can win: the daemon's new directory replaced by a
+    # symlink to one of the host's between the mkdir and the mode change.
+    victim = tmp_path / "etc"
+    victim.mkdir(mode=0o755)
+    victim.chmod(0o755)
+    parent = tmp_path / "run"
+    parent.mkdir()
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_swap(self: Path, mode: int = 0o777, *args: object, **kwargs: object) -> None:
+        real_mkdir(self, mode)
+        if self.name == "rbln":
+            self.rmdir()
+            self.symlink_to(victim)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_swap)
+    with pytest.raises(OSError):
+        if make == "ensure_dir":
+            ensure_dir(parent / "rbln")
+        else:
+            ensure_subdir(parent, "rbln")
+    assert (victim.stat().st_mode & 0o777) == 0o755

@@ -6,8 +6,13 @@ import asyncio
 import fcntl
 import os
 import shutil
+import threading
 from pathlib import Path
 
+import pytest
+
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.runtime import instancelock
 from rbln_device_plugin.runtime.instancelock import (
     LEGACY_LOCK_NAME,
     LOCK_DIR,
@@ -51,9 +56,9 @@ async def test_a_deleted_file_nobody_took_is_locked_again(tmp_path: Path) -> Non
     try:
         (tmp_path / LEGACY_LOCK_NAME).unlink()  # what kubelets before 1.33 do
         shutil.rmtree(tmp_path / LOCK_DIR)
-        assert lock.check(create=False)  # the watch: nothing recreated under a remover
+        assert await lock.check(create=False)  # the watch: nothing recreated under a remover
         assert not (tmp_path / LOCK_DIR).exists()
-        assert lock.check()  # the scan: both back, both ours
+        assert await lock.check()  # the scan: both back, both ours
         assert holds(tmp_path / LOCK_DIR / LOCK_NAME) and holds(tmp_path / LEGACY_LOCK_NAME)
         assert not lock.lost.is_set()
     finally:
@@ -66,7 +71,7 @@ async def test_a_replacement_someone_else_holds_is_a_loss(tmp_path: Path) -> Non
     try:
         fcntl.flock(other, fcntl.LOCK_EX)
         os.rename(tmp_path / "other", tmp_path / LEGACY_LOCK_NAME)
-        assert not lock.check(create=False)
+        assert not await lock.check(create=False)
         assert lock.lost.is_set() and lock.loss is not None
         assert lock.loss.path == tmp_path / LEGACY_LOCK_NAME
         assert "another process holds it" in lock.loss.reason
@@ -80,7 +85,7 @@ async def test_a_file_where_the_lock_directory_was_is_moved_aside(tmp_path: Path
     try:
         shutil.rmtree(tmp_path / LOCK_DIR)
         (tmp_path / LOCK_DIR).write_text("a file where the lock directory was")
-        assert lock.check()  # moved aside, made again, locked again: still ours
+        assert await lock.check()  # moved aside, made again, locked again: still ours
         (aside,) = tmp_path.glob(f"{LOCK_DIR}.moved-aside.*")
         assert aside.read_text() == "a file where the lock directory was"
         assert holds(tmp_path / LOCK_DIR / LOCK_NAME)
@@ -109,7 +114,7 @@ async def test_the_watch_notices_a_takeover_at_once(tmp_path: Path) -> None:
 def test_a_missing_kubelet_directory_is_never_created(tmp_path: Path) -> None:
     kubelet_dir = tmp_path / "device-plugins"
     lock = _LockFile(kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False, subdir=LOCK_DIR)
-    assert lock.try_lock() is None
+    assert lock.lock_now() is None
     assert not kubelet_dir.exists()
 
 
@@ -129,9 +134,52 @@ def test_the_anchor_is_waited_on_whatever_happens_to_the_kubelet_directory(
         waiting = asyncio.create_task(second.acquire(stop))
         await asyncio.sleep(0.7)  # more than one retry of the waiter
         assert not waiting.done()
-        assert first.check()  # the holder locks its kubelet-directory files again
+        assert await first.check()  # the holder locks its kubelet-directory files again
         first.release()
         assert await asyncio.wait_for(waiting, 10)
         second.release()
 
     asyncio.run(scenario())
+
+
+async def test_a_lock_file_that_does_not_answer_never_holds_the_loop_or_a_stray_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock directory on a hung mount, as far as one can be had here: the first
+    ``lock_now`` blocks (the file system part is real; only the hang is injected). The
+    loop keeps running, the stall is said once, the late lock is let go, a retry wins."""
+    released = threading.Event()
+    blocked = threading.Event()
+    real_lock_now = _LockFile.lock_now
+
+    def hanging_once(self: _LockFile, *, create: bool = True) -> int | bool | None:
+        if not blocked.is_set():
+            blocked.set()
+            released.wait(30)
+        return real_lock_now(self, create=create)
+
+    monkeypatch.setattr(_LockFile, "lock_now", hanging_once)
+    records: list[dict[str, object]] = []
+    monkeypatch.setattr(
+        instancelock.log, "warning", lambda msg, **kw: records.append({"msg": msg, **kw})
+    )
+    lock = InstanceLock(tmp_path, hostio=HostIO(timeout=0.2))
+    acquiring = asyncio.create_task(lock.acquire(asyncio.Event()))
+    ticks = 0
+    while not records:  # the loop turns while the call hangs: it is not on the loop
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert ticks > 1 and not acquiring.done()
+    (said,) = records
+    assert said["msg"] == "Instance lock file did not answer in time; trying again"
+    assert said["lockPath"] == str(tmp_path / LOCK_DIR / LOCK_NAME)
+    released.set()  # the hung call returns now, with the lock it took: it must let go
+    assert await asyncio.wait_for(acquiring, 10)
+    try:
+        assert len(records) == 1  # the retries while it hung were not said again
+        assert holds(tmp_path / LOCK_DIR / LOCK_NAME)
+    finally:
+        lock.release()
+    # Nothing of the abandoned attempt still holds the file: another process can lock it.
+    assert not holds(tmp_path / LOCK_DIR / LOCK_NAME)
+    assert not holds(tmp_path / LEGACY_LOCK_NAME)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rbln_device_plugin.host import inotify
+from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.kubelet import watch
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
 
@@ -80,14 +82,14 @@ async def test_a_new_socket_is_a_restart_and_a_chmod_is_not(
         os.chmod(kubelet.path, 0o600)
         os.chown(kubelet.path, info.st_uid, info.st_gid)
         # The comparison both the events and the poll go through: not a new socket.
-        assert watch.check() is False
+        assert await watch.check() is False
         for _ in range(3):  # the same inode number may come back: still a new file
             kubelet.start()
             assert await next_restart(restarts) == "restart"
         # The kubelet going away is not a restart; its new socket is.
         kubelet.stop()
         kubelet.path.unlink()
-        assert watch.check() is False
+        assert await watch.check() is False
         kubelet.start()
         assert await next_restart(restarts) == "restart"
         # Events arrive in order: had the chmod or the removal counted, one of the four
@@ -149,3 +151,46 @@ async def test_the_daemon_learns_of_a_restart_without_scanning() -> None:
         assert await asyncio.to_thread(h.daemon.stop) == 0
         detected = "Detected kubelet socket recreation; restarting device plugins"
         assert len(h.daemon.find(detected)) == 2
+
+
+async def test_a_kubelet_directory_that_hangs_never_stalls_the_loop(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hung mount under the kubelet's directory: the stat of kubelet.sock never returns.
+    kubelet = Kubelet(short_tmp)
+    kubelet.start()
+    restarts: list[str] = []
+    io = HostIO(timeout=0.3)
+    socket_watch = KubeletSocketWatch(short_tmp, lambda: restarts.append("restart"), io)
+    await socket_watch.prime()
+    release = threading.Event()
+    real_identity = watch.file_identity
+
+    def hung(path: Path) -> object:
+        release.wait(30)
+        return real_identity(path)
+
+    monkeypatch.setattr(watch, "file_identity", hung)
+    try:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        kubelet.start()  # a restart it cannot see while the stat hangs
+        assert await asyncio.wait_for(socket_watch.check(), 5) is False
+        assert await asyncio.wait_for(socket_watch.check(), 5) is False  # still stuck: at once
+        ticker.cancel()
+        assert ticks >= 10  # the loop ran on throughout the 0.3 s bound
+        assert restarts == []
+    finally:
+        release.set()
+    monkeypatch.setattr(watch, "file_identity", real_identity)
+    await wait_until(lambda: not io.stuck, 10, "the stuck stat to end")
+    assert await socket_watch.check() is True  # the stat answers again: the restart is seen
+    assert restarts == ["restart"]
+    kubelet.stop()

@@ -12,6 +12,7 @@ import asyncio
 from rbln_device_plugin_sim.state import Fault
 
 from .fault_helpers import launch
+from .inprocess import running
 from .metrics_helpers import (
     P,
     Samples,
@@ -23,7 +24,7 @@ from .metrics_helpers import (
     total,
     value,
 )
-from .simnode import rejected, running
+from .simnode import rejected
 from .test_stalls import STALLED, make_fifo, release_fifo
 
 NPU = "rebellions.ai/npu"

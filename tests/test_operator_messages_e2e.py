@@ -18,6 +18,7 @@ from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
 from .fault_helpers import NPU, VF1, VF4, next_reconcile
+from .inprocess import daemon_on
 
 REG_FAILED = "Device plugin registration failed; retrying next scan"
 REGISTERED = "Registered device plugin with kubelet"
@@ -43,39 +44,35 @@ def by_resource(records: list[dict[str, object]]) -> dict[object, int]:
 
 
 async def test_no_kubelet_is_one_error_per_resource_and_reason_then_one_record_on_success() -> None:
-    async with node_without_kubelet("rebel-sriov") as node:
-        daemon = DaemonProcess(node.daemon_args("200ms"))
+    async with node_without_kubelet("rebel-sriov") as node, daemon_on(node, "200ms") as daemon:
+        # Several scans, each retrying every registration.
+        for _ in range(4):
+            await next_reconcile(daemon)
+        await daemon.await_log(REG_FAILED, where=lambda r: r["failedAttempts"] >= 3)
+        errors = [r for r in daemon.find(REG_FAILED) if r["level"] == "error"]
+        assert by_resource(errors) == dict.fromkeys(SRIOV, 1), errors
+        assert all("No such file or directory" in str(r["err"]) for r in errors)
+
+        # A new reason (something listens nowhere at kubelet.sock) is said once more.
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(str(node.kubelet_dir / KUBELET_SOCKET))
         try:
-            # Several scans, each retrying every registration.
-            for _ in range(4):
-                await next_reconcile(daemon)
-            await daemon.await_log(REG_FAILED, where=lambda r: r["failedAttempts"] >= 3)
-            errors = [r for r in daemon.find(REG_FAILED) if r["level"] == "error"]
-            assert by_resource(errors) == dict.fromkeys(SRIOV, 1), errors
-            assert all("No such file or directory" in str(r["err"]) for r in errors)
-
-            # A new reason (something listens nowhere at kubelet.sock) is said once more.
-            dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            dead.bind(str(node.kubelet_dir / KUBELET_SOCKET))
-            try:
-                await daemon.await_log(
-                    REG_FAILED, where=lambda r: "Connection refused" in str(r["err"]), count=3
-                )
-                for _ in range(3):
-                    await next_reconcile(daemon)
-            finally:
-                dead.close()
-                (node.kubelet_dir / KUBELET_SOCKET).unlink()
-            errors = [r for r in daemon.find(REG_FAILED) if r["level"] == "error"]
-            assert by_resource(errors) == dict.fromkeys(SRIOV, 2), errors
-
-            async with KubeletStub(node.kubelet_dir) as kubelet:
-                for resource in SRIOV:
-                    await kubelet.wait_for(resource)
-                registered = await daemon.await_log(REGISTERED, count=3)
+            await daemon.await_log(
+                REG_FAILED, where=lambda r: "Connection refused" in str(r["err"]), count=3
+            )
+            for _ in range(3):
                 await next_reconcile(daemon)
         finally:
-            assert await asyncio.to_thread(daemon.stop) == 0
+            dead.close()
+            (node.kubelet_dir / KUBELET_SOCKET).unlink()
+        errors = [r for r in daemon.find(REG_FAILED) if r["level"] == "error"]
+        assert by_resource(errors) == dict.fromkeys(SRIOV, 2), errors
+
+        async with KubeletStub(node.kubelet_dir) as kubelet:
+            for resource in SRIOV:
+                await kubelet.wait_for(resource)
+            registered = await daemon.await_log(REGISTERED, count=3)
+            await next_reconcile(daemon)
     assert by_resource(registered) == dict.fromkeys(SRIOV, 1)
     failed_before = {r["resourceName"]: r["failedAttempts"] for r in registered}
     last_failure = {r["resourceName"]: r["failedAttempts"] for r in daemon.find(REG_FAILED)}
@@ -90,12 +87,12 @@ async def test_no_kubelet_is_one_error_per_resource_and_reason_then_one_record_o
 
 
 async def test_a_registration_that_never_failed_carries_no_failure_count() -> None:
-    async with node_without_kubelet("rebel-4") as node, KubeletStub(node.kubelet_dir):
-        daemon = DaemonProcess(node.daemon_args("200ms"))
-        try:
-            (record,) = await daemon.await_log(REGISTERED)
-        finally:
-            assert await asyncio.to_thread(daemon.stop) == 0
+    async with (
+        node_without_kubelet("rebel-4") as node,
+        KubeletStub(node.kubelet_dir),
+        daemon_on(node, "200ms") as daemon,
+    ):
+        (record,) = await daemon.await_log(REGISTERED)
     assert "failedAttempts" not in record
     assert not daemon.find(REG_FAILED)
 
@@ -103,15 +100,14 @@ async def test_a_registration_that_never_failed_carries_no_failure_count() -> No
 async def test_discovery_recovery_is_one_info_record_naming_the_failed_scans() -> None:
     async with node_without_kubelet("rebel-4") as node:
         node.inject_fault(Fault("error", ("list",), remaining=3))
-        async with KubeletStub(node.kubelet_dir) as kubelet:
-            daemon = DaemonProcess(node.daemon_args("200ms"), level="info")
-            try:
-                (recovered,) = await daemon.await_log(RECOVERED)
-                await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-                node.inject_fault(Fault("error", ("list",), remaining=1))
-                await daemon.await_log(RECOVERED, count=2)
-            finally:
-                assert await asyncio.to_thread(daemon.stop) == 0
+        async with (
+            KubeletStub(node.kubelet_dir) as kubelet,
+            daemon_on(node, "200ms", level="info") as daemon,
+        ):
+            (recovered,) = await daemon.await_log(RECOVERED)
+            await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+            node.inject_fault(Fault("error", ("list",), remaining=1))
+            await daemon.await_log(RECOVERED, count=2)
     assert recovered["level"] == "info"
     assert recovered["failedScans"] == 3 == len(daemon.find(DISCOVERY_FAILED)) - 1
     assert recovered["deviceCount"] == 4
@@ -125,8 +121,7 @@ async def test_discovery_recovery_is_one_info_record_naming_the_failed_scans() -
 async def test_a_missing_kubelet_directory_is_waited_for_once_and_never_created() -> None:
     async with node_without_kubelet("rebel-4") as node:
         node.kubelet_dir.rmdir()
-        daemon = DaemonProcess(node.daemon_args("200ms"), level="info")
-        try:
+        async with daemon_on(node, "200ms", level="info") as daemon:
             (missing,) = await daemon.await_log(MISSING_MSG)
             # Before this change the daemon made the directory before it could log a
             # record; now nothing makes it while the daemon waits.
@@ -135,8 +130,6 @@ async def test_a_missing_kubelet_directory_is_waited_for_once_and_never_created(
             async with KubeletStub(node.kubelet_dir) as kubelet:  # the kubelet makes it
                 (found,) = await daemon.await_log(FOUND_MSG)
                 await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        finally:
-            assert await asyncio.to_thread(daemon.stop) == 0
     assert missing["level"] == "warn" and missing["path"] == str(node.kubelet_dir)
     assert found["level"] == "info" and found["path"] == str(node.kubelet_dir)
     assert len(daemon.find(MISSING_MSG)) == 1

@@ -1,20 +1,39 @@
 """The README's preferred-allocation table, row by row, through the real gRPC server.
 
-Each row runs the real daemon against the simulated ``readme-example`` node (changed
-where the row changes SIDs, NUMA nodes or PCI data) and asks through the kubelet stub.
+Each row runs the daemon's runtime in-process against the simulated ``readme-example``
+node (a node of its own where the row changes SIDs, NUMA nodes or PCI data; the rows on
+the unchanged tree share one daemon: a preferred answer changes nothing) and asks
+through the kubelet stub.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+import pytest_asyncio
 
 from rbln_device_plugin_sim.layout import Layout, SimDevice, preset
 
-from .simnode import running
+from .inprocess import InProcess, running
 
 NPU = "rebellions.ai/npu"
 ALL = [f"rbln{i}" for i in range(7)]
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def _shared_readme() -> AsyncIterator[InProcess]:
+    async with running("readme-example", interval="1h") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 7)
+        yield h
+
+
+@pytest.fixture
+def readme_node(_shared_readme: InProcess) -> InProcess:
+    return _shared_readme.for_test()
 
 
 def readme(**changes: dict[str, object]) -> Layout:
@@ -33,14 +52,20 @@ async def ask(
     async with running(layout, interval="1h") as h:
         count = len(layout.devices)
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == count)
-        answer = await h.kubelet.preferred(NPU, available, must, size)
-        selected = await h.daemon.await_log("Selected preferred allocation", level="debug")
-        assert selected[-1]["deviceIDs"] == answer
-        return answer
+        return await ask_on(h, available, must, size)
 
 
-async def test_choose_2_takes_the_closest_pair() -> None:
-    assert await ask(readme(), ALL, [], 2) == ["rbln0", "rbln2"]
+async def ask_on(
+    h: InProcess, available: Sequence[str], must: Sequence[str], size: int
+) -> list[str]:
+    answer = await h.kubelet.preferred(NPU, available, must, size)
+    (selected,) = await h.daemon.await_log("Selected preferred allocation", level="debug")
+    assert selected["deviceIDs"] == answer
+    return answer
+
+
+async def test_choose_2_takes_the_closest_pair(readme_node: InProcess) -> None:
+    assert await ask_on(readme_node, ALL, [], 2) == ["rbln0", "rbln2"]
 
 
 async def test_shared_sid_beats_a_shorter_pci_path() -> None:
@@ -59,12 +84,13 @@ async def test_subsets_within_one_sid_are_compared() -> None:
     assert await ask(layout, ["rbln0", "rbln1", "rbln2"], [], 2) == ["rbln0", "rbln2"]
 
 
-async def test_required_device_without_pci_data_is_kept() -> None:
-    assert await ask(readme(), ALL, ["rbln6"], 3) == ["rbln6", "rbln0", "rbln2"]
+async def test_required_device_without_pci_data_is_kept(readme_node: InProcess) -> None:
+    assert await ask_on(readme_node, ALL, ["rbln6"], 3) == ["rbln6", "rbln0", "rbln2"]
 
 
-async def test_one_pci_root_beats_an_unmeasured_inter_root_path() -> None:
-    assert await ask(readme(), ["rbln0", "rbln4", "rbln5"], ["rbln0"], 2) == ["rbln0", "rbln4"]
+async def test_one_pci_root_beats_an_unmeasured_inter_root_path(readme_node: InProcess) -> None:
+    answer = await ask_on(readme_node, ["rbln0", "rbln4", "rbln5"], ["rbln0"], 2)
+    assert answer == ["rbln0", "rbln4"]
 
 
 async def test_all_metadata_missing_falls_back_to_id_order() -> None:
@@ -94,16 +120,17 @@ async def test_four_devices_on_three_local_cards_beat_two_cards_across_numa() ->
     assert await ask(layout, ids, [], 4) == ["rbln0", "rbln1", "rbln4", "rbln5"]
 
 
-async def test_bad_requests_fall_back_to_the_kubelet_with_a_warning() -> None:
-    async with running("readme-example", interval="1h") as h:
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 7)
-        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln99"], [], 1) == []
-        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], [], 3) == []
-        assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], ["rbln2"], 1) == []
-        assert await h.kubelet.preferred(NPU, ["rbln0"], [], -1) == []
-        warnings = await h.daemon.await_log("Preferred allocation fallback to kubelet", count=4)
-        assert all(w["level"] == "warn" and w["reason"] for w in warnings)
-        assert [w["allocationSize"] for w in warnings] == [1, 3, 1, -1]
-        # Shortcuts: exactly the must-include devices; exactly everything available.
-        assert await h.kubelet.preferred(NPU, ALL, ["rbln5", "rbln3"], 2) == ["rbln5", "rbln3"]
-        assert await h.kubelet.preferred(NPU, ["rbln4", "rbln1"], [], 2) == ["rbln1", "rbln4"]
+async def test_bad_requests_fall_back_to_the_kubelet_with_a_warning(
+    readme_node: InProcess,
+) -> None:
+    h = readme_node
+    assert await h.kubelet.preferred(NPU, ["rbln0", "rbln99"], [], 1) == []
+    assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], [], 3) == []
+    assert await h.kubelet.preferred(NPU, ["rbln0", "rbln1"], ["rbln2"], 1) == []
+    assert await h.kubelet.preferred(NPU, ["rbln0"], [], -1) == []
+    warnings = await h.daemon.await_log("Preferred allocation fallback to kubelet", count=4)
+    assert all(w["level"] == "warn" and w["reason"] for w in warnings)
+    assert [w["allocationSize"] for w in warnings] == [1, 3, 1, -1]
+    # Shortcuts: exactly the must-include devices; exactly everything available.
+    assert await h.kubelet.preferred(NPU, ALL, ["rbln5", "rbln3"], 2) == ["rbln5", "rbln3"]
+    assert await h.kubelet.preferred(NPU, ["rbln4", "rbln1"], [], 2) == ["rbln1", "rbln4"]

@@ -1,7 +1,8 @@
 """What the running daemon's records look like, checked against docs/logging.md.
 
 Key order, the logging page's sample record, how odd status values and an empty rbln-smi
-listing are reported: each through the real daemon process on a simulated node.
+listing are reported: each through the daemon's runtime and its own logger, in-process
+(tests/inprocess.py), on a simulated node.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from pathlib import Path
 
 from rbln_device_plugin_sim.layout import generate
 
-from .daemon_process import DaemonProcess
-from .simnode import running
+from .inprocess import daemon_with, running
 
 NPU = "rebellions.ai/npu"
 LOGGING_PAGE = Path(__file__).resolve().parent.parent / "docs" / "logging.md"
@@ -102,31 +102,25 @@ def _args(tmp: Path, smi: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def test_null_devices_is_an_empty_node_not_a_discovery_failure(short_tmp: Path) -> None:
+async def test_null_devices_is_an_empty_node_not_a_discovery_failure(short_tmp: Path) -> None:
     smi = _fake_smi(short_tmp, '{"KMD_version": "1.2.0", "devices": null}')
-    daemon = DaemonProcess(_args(short_tmp, smi))
-    try:
+    async with daemon_with(_args(short_tmp, smi)) as daemon:
         # Said once: the scanner parses a listing again only when its bytes change.
-        null = daemon.wait_for(
+        null = await daemon.await_log(
             "rbln-smi listed no devices (devices is null); treating it as an empty list"
         )
-        reconciled = daemon.wait_for("Reconciled device inventory", count=2)
-    finally:
-        assert daemon.stop() == 0
+        reconciled = await daemon.await_log("Reconciled device inventory", count=2)
     assert all(r["level"] == "debug" for r in null)
     assert all(r["deviceCount"] == 0 for r in reconciled)
     assert not [r for r in daemon.records if r["level"] == "error"]
 
 
-def test_missing_devices_key_is_still_a_discovery_failure(short_tmp: Path) -> None:
+async def test_missing_devices_key_is_still_a_discovery_failure(short_tmp: Path) -> None:
     smi = _fake_smi(short_tmp, '{"KMD_version": "1.2.0"}')
-    daemon = DaemonProcess(_args(short_tmp, smi))
-    try:
-        (failure,) = daemon.wait_for(
+    async with daemon_with(_args(short_tmp, smi)) as daemon:
+        (failure,) = await daemon.await_log(
             "Device discovery failed; reporting zero devices until it recovers"
         )
-    finally:
-        assert daemon.stop() == 0
     assert failure["level"] == "error" and "'devices'" in failure["err"]
 
 

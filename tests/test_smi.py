@@ -58,6 +58,19 @@ def write_tool(directory: Path, body: str, name: str = "rbln-smi") -> Path:
     return path
 
 
+def write_pid_tool(directory: Path, body: str) -> tuple[Path, Path]:
+    """A stand-in that first writes its PID to a file, and that file (to find it later)."""
+    pidfile = directory / "pid"
+    return write_tool(
+        directory, f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n{body}"
+    ), pidfile
+
+
+async def tool_gone(pidfile: Path, what: str) -> None:
+    pid = int(pidfile.read_text())
+    await wait_until(lambda: not alive(pid), 30, f"{what} to be gone")
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -179,10 +192,7 @@ async def test_timeout_kills_the_tool_and_its_children(tmp_path: Path) -> None:
 
 
 async def test_cancellation_kills_the_tool(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pid"
-    tool = write_tool(
-        tmp_path, f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)"
-    )
+    tool, pidfile = write_pid_tool(tmp_path, "time.sleep(3600)")
     task = asyncio.create_task(run_smi(tool, ["-j"], 30))
     await wait_until(lambda: pidfile.exists() and bool(pidfile.read_text()), 30, "the tool")
     task.cancel()
@@ -192,30 +202,22 @@ async def test_cancellation_kills_the_tool(tmp_path: Path) -> None:
 
 
 async def test_runaway_output_is_capped_and_the_tool_killed(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pid"
-    tool = write_tool(
-        tmp_path,
-        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
-        "chunk = b'x' * 65536\nwhile True: sys.stdout.buffer.write(chunk)",
+    tool, pidfile = write_pid_tool(
+        tmp_path, "chunk = b'x' * 65536\nwhile True: sys.stdout.buffer.write(chunk)"
     )
     with pytest.raises(SmiError, match=r"printed more than 1000000 bytes .*and was killed"):
         await run_smi(tool, ["-j"], 10, max_output=1_000_000)
-    pid = int(pidfile.read_text())
-    await wait_until(lambda: not alive(pid), 30, "the runaway tool to be gone")
+    await tool_gone(pidfile, "the runaway tool")
 
 
 async def test_a_tool_that_closes_its_pipes_and_keeps_running_times_out(tmp_path: Path) -> None:
     # The pipes' EOF is not the end of the run: the exit is, and the deadline still holds.
-    pidfile = tmp_path / "pid"
-    tool = write_tool(
-        tmp_path,
-        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
-        "print('early'); sys.stdout.flush(); os.close(1); os.close(2); time.sleep(3600)",
+    tool, pidfile = write_pid_tool(
+        tmp_path, "print('early'); sys.stdout.flush(); os.close(1); os.close(2); time.sleep(3600)"
     )
     with pytest.raises(SmiError, match=r"timed out after .*and was killed"):
         await run_smi(tool, ["-j"], 0.5)
-    pid = int(pidfile.read_text())
-    await wait_until(lambda: not alive(pid), 30, "the tool to be gone")
+    await tool_gone(pidfile, "the tool")
 
 
 async def test_output_in_pieces_and_both_streams_are_read_while_it_runs(tmp_path: Path) -> None:
@@ -236,10 +238,7 @@ async def test_runs_leave_no_process_behind(
     # Without pidfds (kernels before 5.3) the exit is polled once the pipes closed.
     if not pidfds:
         monkeypatch.setattr(proc, "_pidfd", lambda pid: None)
-    pidfile = tmp_path / "pid"
-    tool = write_tool(
-        tmp_path, f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); print('done'); sys.exit(4)"
-    )
+    tool, pidfile = write_pid_tool(tmp_path, "print('done'); sys.exit(4)")
     with pytest.raises(SmiError, match="exited with code 4"):
         await run_smi(tool, ["-j"], 5)
     assert (await run_smi(write_tool(tmp_path, "print('ok')", "ok"), [], 5)).strip() == "ok"

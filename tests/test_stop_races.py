@@ -4,6 +4,8 @@ scan loop stopped in the middle of a scan leaves no plugin server or socket behi
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,11 @@ from rbln_device_plugin.waits import in_thread, unless_stopped
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import materialize
+from rbln_device_plugin_sim.state import HOLD, Fault
+
+from . import faulty_daemon
+from .daemon_process import DaemonProcess
+from .fault_helpers import NPU, wait_until
 
 
 async def test_a_cancelled_caller_of_unless_stopped_stays_cancelled() -> None:
@@ -89,4 +96,38 @@ async def test_a_loop_stopped_at_any_point_of_its_first_scan_leaves_no_socket(
         assert left == ["kubelet.sock"], (steps, left)
         assert manager.plugins == {}
     finally:
+        await kubelet.stop()
+
+
+async def test_a_scan_that_fails_while_stopping_is_said_and_exits_1_with_sockets_removed(
+    short_tmp: Path,
+) -> None:
+    """The real daemon process (with a scan that fails when cancelled, see faulty_daemon),
+    stopped by SIGTERM while the simulator holds its scan's rbln-smi."""
+    node = materialize(preset("rebel-4"), short_tmp / "node")
+    kubelet = KubeletStub(node.kubelet_dir)
+    await kubelet.start()
+    daemon = DaemonProcess(
+        node.daemon_args("300ms"),
+        command=(sys.executable, str(Path(faulty_daemon.__file__))),
+    )
+    try:
+        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        node.inject_fault(Fault(HOLD, commands=("list",), remaining=1))
+        # A scan is in flight once its rbln-smi is held.
+        await wait_until(lambda: bool(node.held()), 30, "the held scan")
+        daemon.send(signal.SIGTERM)
+        code = await asyncio.to_thread(daemon.proc.wait, 20)
+        daemon.stop()
+        assert code == options.EXIT_FAILURE, (daemon.records[-5:], daemon.stderr[-2000:])
+        (failed,) = daemon.find("Device manager failed while stopping")
+        assert failed["level"] == "error" and faulty_daemon.INJECTED in str(failed["err"])
+        assert daemon.find("Shutdown complete")
+        assert sorted(p.name for p in node.kubelet_dir.iterdir() if p.is_socket()) == [
+            "kubelet.sock"
+        ]
+        assert node.held() == []  # the held rbln-smi was killed with the scan
+    finally:
+        daemon.kill()
+        node.release_held()
         await kubelet.stop()

@@ -182,28 +182,30 @@ def _bool(raw: str) -> bool:
     raise ConfigError(f"{raw!r} is not a boolean (true or false)")
 
 
+def _choice(raw: str, choices: tuple[str, ...], refusal: ValueError) -> str:
+    """One of ``choices``, read without surrounding spaces and ignoring case."""
+    text = raw.strip().lower()
+    if text not in choices:
+        raise refusal
+    return text
+
+
 def _traces_exporter(raw: str) -> str:
     # OpenTelemetry's variable, read as its specification says: enum values ignore case,
     # and an unsupported value is a warning, then ignored as if unset (tracing is
     # best-effort). Of its exporters only OTLP is built in; a list ("otlp,console")
     # would promise more than the daemon sends.
-    text = raw.strip().lower()
-    if text not in TRACES_EXPORTERS:
-        raise IgnoredSetting(
-            f"{raw!r} is not supported (otlp: traces to the OTLP endpoint, none: no traces); "
-            "ignored as if unset"
-        )
-    return text
+    return _choice(raw, TRACES_EXPORTERS, IgnoredSetting(
+        f"{raw!r} is not supported (otlp: traces to the OTLP endpoint, none: no traces); "
+        "ignored as if unset"
+    ))  # fmt: skip
 
 
 def _cdi_mode(raw: str) -> str:
-    text = raw.strip().lower()
-    if text not in CDI_MODES:
-        raise ConfigError(
-            f"{raw!r} is not a CDI mode: annotation (the cdi.k8s.io annotation), field "
-            "(the kubelet's cdi_devices field) or both"
-        )
-    return text
+    return _choice(raw, CDI_MODES, ConfigError(
+        f"{raw!r} is not a CDI mode: annotation (the cdi.k8s.io annotation), field "
+        "(the kubelet's cdi_devices field) or both"
+    ))  # fmt: skip
 
 
 def _optional_path(raw: str) -> Path | None:

@@ -176,18 +176,24 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
             self._server = None
         self.socket_path.unlink(missing_ok=True)
 
-    async def die(self) -> None:
-        """Like the kubelet process exiting (a crash, or the first half of a service
-        restart): every stream ends and ``kubelet.sock`` stays where it was, the same
-        file, refusing connections, until ``start`` (the next kubelet) cleans up."""
-        # gRPC unlinks its socket path on stop; a dying kubelet does not, so the file is
-        # parked meanwhile and put back: same inode, nobody listening.
-        parked = self.directory.parent / f".{self.directory.name}.{KUBELET_SOCKET}.dead"
+    async def _stop_serving_parked(self, suffix: str) -> Path:
+        """Stop the registration server with kubelet.sock moved outside the directory
+        (gRPC unlinks its socket path on stop); where it was moved to."""
+        parked = self.directory.parent / f".{self.directory.name}.{KUBELET_SOCKET}.{suffix}"
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.rename(parked)
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
+        return parked
+
+    async def die(self) -> None:
+        """Like the kubelet process exiting (a crash, or the first half of a service
+        restart): every stream ends and ``kubelet.sock`` stays where it was, the same
+        file, refusing connections, until ``start`` (the next kubelet) cleans up."""
+        # A dying kubelet leaves its socket: it is put back once gRPC is done, same
+        # inode, nobody listening.
+        parked = await self._stop_serving_parked("dead")
         with contextlib.suppress(FileNotFoundError):
             parked.rename(self.socket_path)
         await self._drop_plugins("kubelet exited")
@@ -196,17 +202,11 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
 
     async def restart(self) -> None:
         """Like a kubelet starting again: the directory is cleaned, kubelet.sock is new."""
-        # Park the old socket outside the directory (gRPC unlinks its path on stop) so its
-        # inode stays allocated until the new kubelet.sock exists: the new file never
-        # reuses the inode number, and watchers comparing inodes see the change.
-        parked = self.directory.parent / f".{self.directory.name}.{KUBELET_SOCKET}.old"
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.rename(parked)
-        # Registration goes before the streams, as when the kubelet process dies: a plugin
-        # reacting to its stream ending cannot register with the old instance.
-        if self._server is not None:
-            await self._server.stop(0)
-            self._server = None
+        # The old socket's inode stays allocated until the new kubelet.sock exists: the
+        # new file never reuses the inode number, and watchers comparing inodes see the
+        # change. Registration goes before the streams, as when the kubelet process dies:
+        # a plugin reacting to its stream ending cannot register with the old instance.
+        parked = await self._stop_serving_parked("old")
         await self._drop_plugins("kubelet restarted")
         await self.start()
         parked.unlink(missing_ok=True)

@@ -54,9 +54,9 @@ def problem_with(info: os.stat_result, want_dir: bool) -> str | None:
     if stat.S_ISLNK(mode):
         return "is a symbolic link"
     if want_dir and not stat.S_ISDIR(mode):
-        return f"is a {_kind(mode)}, not a directory"
+        return f"is a {kind_of(mode)}, not a directory"
     if not want_dir and not stat.S_ISREG(mode):
-        return f"is a {_kind(mode)}, not a regular file"
+        return f"is a {kind_of(mode)}, not a regular file"
     if info.st_uid not in (0, os.getuid()):
         return f"is owned by uid {info.st_uid}, not by root or the daemon's uid {os.getuid()}"
     if mode & 0o022:
@@ -66,7 +66,7 @@ def problem_with(info: os.stat_result, want_dir: bool) -> str | None:
     return None
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
     for test, name in (
         (stat.S_ISDIR, "directory"), (stat.S_ISREG, "regular file"), (stat.S_ISSOCK, "socket"),
         (stat.S_ISFIFO, "named pipe"), (stat.S_ISCHR, "character device"),

@@ -32,7 +32,7 @@ def ensure_dir(path: Path, mode: int = DIR_MODE) -> None:
             directory.mkdir(mode=mode)
         except FileExistsError:
             continue  # created meanwhile by someone else: theirs to set up
-        os.chmod(directory, mode)  # mkdir's mode is filtered by the umask
+        _set_created_mode(directory, mode)
 
 
 def ensure_subdir(parent: Path, name: str, mode: int = DIR_MODE) -> Path:
@@ -46,16 +46,32 @@ def ensure_subdir(parent: Path, name: str, mode: int = DIR_MODE) -> Path:
         path.mkdir(mode=mode)
     except FileExistsError:
         return path  # made earlier, or by someone else meanwhile: theirs to set up
-    os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+    _set_created_mode(path, mode)
     return path
+
+
+def _set_created_mode(path: Path, mode: int) -> None:
+    """Give a directory just made ``mode`` (mkdir's is filtered by the umask).
+
+    Through a descriptor opened without following a symlink: between the mkdir and this
+    call, anyone who can write to the parent can swap the new directory for a symlink,
+    and a chmod by path would then change the mode of whatever it points to.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def umask(mask: int) -> Iterator[None]:
     """Set the process umask for a block that creates files.
 
-    Only the event-loop thread creates files in this daemon, so a temporary change is
-    not seen by anything else.
+    Only the event-loop thread changes the umask (for the plugin socket's bind). Files
+    and directories made on host I/O threads meanwhile set their mode explicitly right
+    after creating them (``ownfiles``, ``ensure_dir``), so the change can only narrow
+    their mode for that moment, never widen it.
     """
     previous = os.umask(mask)
     try:

@@ -158,6 +158,47 @@ def _open_lock_file(path: Path) -> int:
     return fd
 
 
+class OpenedLockFile:
+    """The RSD lock file opened ahead of its use, not locked: an Allocate opens it in
+    the same off-loop batch as its first checks instead of a thread hop of its own.
+
+    Whoever locks it ``take``s the descriptor; one never taken is closed by ``close`` or,
+    if the batch's results are dropped (a cancelled call), when it is garbage collected.
+    """
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def take(self) -> int:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            raise RuntimeError("the opened RSD lock file was already taken")
+        return fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+# What opening the lock file ahead came to: the file, why it could not be opened, or the
+# stalled call (see ``open_lock_file_ahead``).
+LockFileAhead = OpenedLockFile | OSError | Stalled
+
+
+def open_lock_file_ahead(path: Path) -> OpenedLockFile | OSError:
+    """Open (creating when missing) the RSD lock file, for a ``HostIO`` batch: never raises."""
+    try:
+        return OpenedLockFile(_open_lock_file(path))
+    except OSError as exc:
+        return exc
+
+
 @contextlib.asynccontextmanager
 async def rsd_lock(
     path: Path,
@@ -166,21 +207,29 @@ async def rsd_lock(
     retry: float = LOCK_RETRY_S,
     metrics: m.Metrics = m.NOOP,
     hostio: HostIO | None = None,
+    opened: LockFileAhead | None = None,
 ) -> AsyncIterator[int]:
     """Hold an exclusive flock on ``path``; released on every exit path.
 
     Yields the locked descriptor, for the tools that must hold the lock too. The file is
     created and opened through ``hostio`` when given: off the event loop, with its bound
-    (``/run/rbln`` is a host directory like any other).
+    (``/run/rbln`` is a host directory like any other); ``opened`` is that open done
+    ahead (``open_lock_file_ahead``), whose descriptor this then owns.
     """
     try:
-        if hostio is None:
+        if isinstance(opened, OpenedLockFile):
+            fd = opened.take()
+        elif isinstance(opened, Stalled):
+            raise RsdError(f"cannot open RSD lock file {path}: {opened}")
+        elif isinstance(opened, OSError):
+            raise opened
+        elif hostio is None:
             fd = _open_lock_file(path)
         else:
-            opened = await hostio.call(str(path), partial(_open_lock_file, path))
-            if isinstance(opened, Stalled):
-                raise RsdError(f"cannot open RSD lock file {path}: {opened}")
-            fd = opened
+            result = await hostio.call(str(path), partial(_open_lock_file, path))
+            if isinstance(result, Stalled):
+                raise RsdError(f"cannot open RSD lock file {path}: {result}")
+            fd = result
     except OSError as exc:
         raise RsdError(f"cannot open RSD lock file {path}: {exc}") from exc
     try:
@@ -235,11 +284,15 @@ async def recreate_rsd_group(
     accept_file_nodes: bool = False,
     metrics: m.Metrics = m.NOOP,
     expected: Mapping[str, str] | None = None,
+    opened_lock: LockFileAhead | None = None,
 ) -> RsdGroup:
     """Put exactly ``bus_ids`` into a new RSD group and wait for its device node.
 
     ``expected`` (device name -> bus ID, as the last scan saw them) is checked against
     every listing; a difference raises DeviceMappingChanged before any group changes.
+
+    ``opened_lock``: the lock file opened ahead (``open_lock_file_ahead``), now owned
+    here: locked, or closed when the call fails before locking.
 
     ``always_relist`` runs the reference four-step sequence even when nothing is
     destroyed (tests compare the two); ``accept_file_nodes`` lets a regular file stand
@@ -247,12 +300,14 @@ async def recreate_rsd_group(
     """
     started = time.monotonic()
     wanted = sorted({bus_id.lower() for bus_id in bus_ids})
-    if not wanted:
-        raise RsdError("no bus IDs to group")
     bad = [bus_id for bus_id in wanted if not is_valid_bus_id(bus_id)]
-    if bad:
-        raise RsdError(f"invalid bus IDs {bad}")
-    async with rsd_lock(lock_path, timeout=lock_timeout, metrics=metrics, hostio=hostio) as fd:
+    if not wanted or bad:
+        if isinstance(opened_lock, OpenedLockFile):
+            opened_lock.close()
+        raise RsdError(f"invalid bus IDs {bad}" if bad else "no bus IDs to group")
+    async with rsd_lock(
+        lock_path, timeout=lock_timeout, metrics=metrics, hostio=hostio, opened=opened_lock
+    ) as fd:
 
         async def listing() -> list[GroupEntry]:
             text = await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups", fd, metrics)

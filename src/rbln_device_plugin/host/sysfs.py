@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -83,6 +83,21 @@ def read_status(root: Path | str, name: str) -> StatusReading:
         return StatusReading(None, f"malformed status in {path}: {exc}")
 
 
+def status_calls(root: Path | str, names: Sequence[str]) -> list[Call[StatusReading]]:
+    """One off-loop call per device's status read, for a ``HostIO`` batch."""
+    return [Call(status_path(root, name), partial(read_status, root, name)) for name in names]
+
+
+def statuses(
+    names: Sequence[str], results: Sequence[StatusReading | Stalled]
+) -> dict[str, StatusReading]:
+    """The readings of ``status_calls``' batch by device; a stalled read is unreadable."""
+    return {
+        name: StatusReading(None, str(result)) if isinstance(result, Stalled) else result
+        for name, result in zip(names, results, strict=True)
+    }
+
+
 async def read_statuses(
     io: HostIO, root: Path | str, names: Iterable[str]
 ) -> dict[str, StatusReading]:
@@ -91,12 +106,8 @@ async def read_statuses(
     A read that does not finish in time is unreadable, with the reason.
     """
     names = list(names)
-    calls = [Call(status_path(root, name), partial(read_status, root, name)) for name in names]
-    results = await io.map(calls)
-    return {
-        name: StatusReading(None, str(result)) if isinstance(result, Stalled) else result
-        for name, result in zip(names, results, strict=True)
-    }
+    results = await io.map(status_calls(root, names))
+    return statuses(names, results)
 
 
 _O_PATH: Final = getattr(os, "O_PATH", 0)

@@ -135,12 +135,27 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True)
 class FirstLook:
-    """The first round of the containers' host checks, taken beside the final status
-    reads: what sits at each requested device's node (None: usable), and the rbln-smi to
-    run (or why there is none)."""
+    """The first round of the containers' host checks, taken in the same off-loop batch
+    as the final status reads: what sits at each requested device's node (None: usable),
+    the rbln-smi to run (or why there is none), and per container the RSD lock file
+    opened ahead (``rsd.open_lock_file_ahead``; a container takes its own when its turn
+    comes, ``close`` drops the ones never taken)."""
 
     node_kinds: Mapping[Path, object]
     rbln_smi: object
+    lock_files: Sequence[object] = ()
+
+    def lock_file(self, container: int) -> rsd.LockFileAhead | None:
+        if container < len(self.lock_files):
+            ahead = self.lock_files[container]
+            assert isinstance(ahead, rsd.OpenedLockFile | OSError | Stalled)
+            return ahead
+        return None
+
+    def close(self) -> None:
+        for ahead in self.lock_files:
+            if isinstance(ahead, rsd.OpenedLockFile):
+                ahead.close()
 
 
 class Allocator:
@@ -154,27 +169,12 @@ class Allocator:
         self._metrics = services.metrics
         self._rsd_queue = services.rsd_queue
 
-    async def first_look(
-        self, requested: Sequence[Sequence[str]], known: Mapping[str, Device]
-    ) -> FirstLook | None:
-        """The device nodes' first check and the rbln-smi lookup, in one thread hop.
-
-        Meant to run beside the final status reads (``DeviceState.allocation_snapshot``),
-        which it does not replace: it only stats paths, creates nothing, and runs only
-        once the request passed validation (None otherwise: a bad request touches nothing).
-        """
-        try:
-            distinct = validate_request(self._resource, requested, known)
-        except AllocationError:
-            return None
-        accept_files = self._config.test_file_device_nodes
-        paths = [self._config.dev_root / known[i].name for i in distinct]
-        calls: list[Call[object]] = [
-            Call(str(p), partial(devnodes.node_kind, p, accept_files)) for p in paths
-        ]
-        calls.append(Call(_SMI_LOOKUP, partial(_lookup, self._config.rbln_smi)))
-        *kinds, found = await self._hostio.map(calls)
-        return FirstLook(dict(zip(paths, kinds, strict=True)), found)
+    def first_calls(self, requested: Sequence[Sequence[str]]) -> FirstCalls:
+        """The containers' first host checks, as calls for the status reads' batch (see
+        ``DeviceState.allocation_snapshot``): they only stat paths and open the RSD lock
+        file (creating it when missing), lock nothing, create no group, and run only once
+        the request passed validation."""
+        return FirstCalls(self._config, len(requested))
 
     async def prepare(
         self,
@@ -184,18 +184,23 @@ class Allocator:
     ) -> Prepared:
         """Every container in order; the first failure ends the call (no rollback)."""
         response = api_pb2.AllocateResponse()
-        for index, ids in enumerate(requested):
-            try:
-                container = await self._container(ids, snapshot, first)
-            except Exception as exc:
-                self.unworked_spans(
-                    requested[index + 1 :], snapshot, None,
-                    f"not attempted: container {index} failed",
-                )  # fmt: skip
-                changed = isinstance(exc, AllocationError) and exc.rescan_wanted
-                return Prepared(response, exc, rescan_wanted=changed)
-            response.container_responses.append(container)
-        return Prepared(response)
+        try:
+            for index, ids in enumerate(requested):
+                lock_file = first.lock_file(index) if first is not None else None
+                try:
+                    container = await self._container(ids, snapshot, first, lock_file)
+                except Exception as exc:
+                    self.unworked_spans(
+                        requested[index + 1 :], snapshot, None,
+                        f"not attempted: container {index} failed",
+                    )  # fmt: skip
+                    changed = isinstance(exc, AllocationError) and exc.rescan_wanted
+                    return Prepared(response, exc, rescan_wanted=changed)
+                response.container_responses.append(container)
+            return Prepared(response)
+        finally:
+            if first is not None:
+                first.close()  # the lock files of containers never attempted
 
     async def refuse(
         self,
@@ -265,7 +270,11 @@ class Allocator:
                 mark_error(span, description[:_MAX_MESSAGE_BYTES])
 
     async def _container(
-        self, ids: Sequence[str], snapshot: Snapshot, first: FirstLook | None
+        self,
+        ids: Sequence[str],
+        snapshot: Snapshot,
+        first: FirstLook | None,
+        lock_file: rsd.LockFileAhead | None,
     ) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         devices = [snapshot[i] for i in ids]
@@ -290,7 +299,7 @@ class Allocator:
                 dev_root = self._config.dev_root
                 node_paths = [dev_root / d.name for d in devices]
                 binary = await self._nodes_and_rbln_smi(node_paths, first)
-                group = await self._recreate_group(binary, devices)
+                group = await self._recreate_group(binary, devices, lock_file)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except rsd.DeviceMappingChanged as exc:
                 log.error(
@@ -360,7 +369,9 @@ class Allocator:
         assert isinstance(found, Path)
         return found
 
-    async def _recreate_group(self, binary: Path, devices: Sequence[Device]) -> rsd.RsdGroup:
+    async def _recreate_group(
+        self, binary: Path, devices: Sequence[Device], lock_file: rsd.LockFileAhead | None
+    ) -> rsd.RsdGroup:
         """Recreate the RSD group within one 5 s lock budget.
 
         This daemon's own allocations queue in arrival order (no 100 ms polling races
@@ -388,12 +399,43 @@ class Allocator:
                 lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),
                 accept_file_nodes=self._config.test_file_device_nodes,
                 metrics=self._metrics,
+                opened_lock=lock_file,
             )
         finally:
             self._rsd_queue.release()
 
 
 _SMI_LOOKUP: Final = "rbln-smi lookup"
+
+
+class FirstCalls:
+    """Builds the first checks' calls for the distinct requested IDs and reads their
+    results back into a ``FirstLook``: the device nodes, the rbln-smi lookup, then one
+    RSD lock file opened per container."""
+
+    def __init__(self, config: Any, containers: int) -> None:
+        self._config = config
+        self._containers = containers
+        self._paths: list[Path] = []
+
+    def __call__(self, distinct: Sequence[str], known: Mapping[str, Device]) -> list[Call[object]]:
+        accept_files = self._config.test_file_device_nodes
+        self._paths = [self._config.dev_root / known[i].name for i in distinct]
+        lock_path = self._config.rsd_lock_path
+        calls: list[Call[object]] = [
+            Call(str(p), partial(devnodes.node_kind, p, accept_files)) for p in self._paths
+        ]
+        calls.append(Call(_SMI_LOOKUP, partial(_lookup, self._config.rbln_smi)))
+        calls += [
+            Call(str(lock_path), partial(rsd.open_lock_file_ahead, lock_path))
+            for _ in range(self._containers)
+        ]
+        return calls
+
+    def look(self, results: Sequence[object]) -> FirstLook:
+        count = len(self._paths)
+        kinds, found, lock_files = results[:count], results[count], results[count + 1 :]
+        return FirstLook(dict(zip(self._paths, kinds, strict=True)), found, lock_files)
 
 
 def _lookup(configured: Path | None) -> Path | smi.SmiNotFound:

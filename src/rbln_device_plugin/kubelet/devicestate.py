@@ -9,13 +9,13 @@ as a new published view that ``wait_for_view`` hands to ListAndWatch streams.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rbln_device_plugin.host import sysfs
-from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.kubelet.allocate import AllocationError, Snapshot, validate_request
 from rbln_device_plugin.model.devicetable import Change, DeviceTable, Entry, KubeletDevice
 from rbln_device_plugin.model.health import Health, HealthHistory, StatusReading
@@ -96,17 +96,31 @@ class DeviceState:
         return self._version != sent or self._closed
 
     # ----------------------------------------------------------------- Allocate
-    async def allocation_snapshot(self, requested: Sequence[Sequence[str]]) -> Snapshot:
+    async def allocation_snapshot(
+        self,
+        requested: Sequence[Sequence[str]],
+        beside: Callable[[list[str], Snapshot], Sequence[Call[object]]] | None = None,
+    ) -> tuple[Snapshot, list[object]]:
         """Validate a request against the devices and take the final status check.
 
         Raises AllocationError for a bad request or an unhealthy device; otherwise
-        returns the requested devices as this check saw them (immutable).
+        returns the requested devices as this check saw them (immutable), and the
+        results of ``beside``'s calls. ``beside`` gets the distinct requested IDs and
+        their devices once the request is valid; its calls (the containers' first host
+        checks) run in the status reads' off-loop batch, after them: one thread hop.
         """
         entries = self.table.entries
         distinct = validate_request(self.resource, requested, entries)
         async with self._observe_lock:
-            devices = [entries[i].device for i in distinct]
-            readings = await self._read_statuses(devices)
+            snapshot = {device_id: entries[device_id].device for device_id in distinct}
+            extra = list(beside(distinct, snapshot)) if beside is not None else []
+            names = [device.name for device in snapshot.values()]
+            reads = cast("list[Call[object]]", sysfs.status_calls(self._sysfs_root, names))
+            results = await self._hostio.map([*reads, *extra])
+            readings = sysfs.statuses(
+                names, cast("list[StatusReading | Stalled]", results[: len(names)])
+            )
+            self._log_unreadable(readings)
             verdicts = self.table.final_check(readings)
         unhealthy = [
             f"{device_id} is {verdict.describe()}"
@@ -118,12 +132,17 @@ class DeviceState:
                 f"{self.resource}: unhealthy devices requested: {'; '.join(unhealthy)}",
                 result=m.ALLOCATE_UNHEALTHY,
             )
-        return {device_id: entries[device_id].device for device_id in distinct}
+        return snapshot, results[len(names) :]
 
     async def _read_statuses(self, devices: Iterable[Device]) -> dict[str, StatusReading]:
         """One off-loop batch of status reads; a read that hangs counts as unreadable."""
+        names = (d.name for d in devices)
+        readings = await sysfs.read_statuses(self._hostio, self._sysfs_root, names)
+        self._log_unreadable(readings)
+        return readings
+
+    def _log_unreadable(self, readings: Mapping[str, StatusReading]) -> None:
         root = self._sysfs_root
-        readings = await sysfs.read_statuses(self._hostio, root, (d.name for d in devices))
         for name, reading in readings.items():
             if not reading.readable:
                 log.debug(
@@ -131,7 +150,6 @@ class DeviceState:
                     resourceName=self.resource, device=name,
                     path=sysfs.status_path(root, name), err=reading.reason,
                 )  # fmt: skip
-        return readings
 
     # ----------------------------------------------------------------- records
     def _log_changes(self, changes: Sequence[Change]) -> None:

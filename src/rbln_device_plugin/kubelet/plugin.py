@@ -11,17 +11,18 @@ service itself is the ``servicer``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import stat
 from collections.abc import Callable, Sequence
-from typing import Final
+from functools import partial
+from pathlib import Path
+from typing import Final, TypeVar
 
 import grpc
 
 from rbln_device_plugin.api import API_VERSION, KUBELET_SOCKET
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.host import paths
+from rbln_device_plugin.host import paths, pluginsocket
+from rbln_device_plugin.host.hostio import Stalled
+from rbln_device_plugin.host.pluginsocket import SocketPathError
 from rbln_device_plugin.kubelet.devicestate import DeviceState
 from rbln_device_plugin.kubelet.servicer import DevicePluginServicer, load_deferred, plugin_options
 from rbln_device_plugin.kubelet.services import SharedServices
@@ -29,9 +30,15 @@ from rbln_device_plugin.model.devicetable import Change
 from rbln_device_plugin.model.health import HealthHistory
 from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.resources import socket_name
+from rbln_device_plugin.telemetry.logs import get_logger
+
+T = TypeVar("T")
 
 REGISTER_TIMEOUT_S: Final = 10.0
 STOP_GRACE_S: Final = 0.5
+FOREIGN_REMOVED_MSG: Final = "Removed a foreign entry where the device plugin socket belongs"
+
+log = get_logger()
 
 
 class RegistrationError(RuntimeError):
@@ -54,8 +61,10 @@ class ResourcePlugin:
             resource, config.sysfs_root, services.hostio, history, services.metrics
         )
         self.servicer = DevicePluginServicer(self.state, services, lambda: on_stream_lost(self))
+        self._hostio = services.hostio
         self._server: grpc.aio.Server | None = None
         self._socket_identity: paths.FileIdentity | None = None
+        self._bound_check: asyncio.Future[paths.FileIdentity] | None = None
         self._registered = False
         self._registration: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
@@ -76,36 +85,58 @@ class ResourcePlugin:
         """Serve on the plugin socket (replacing a stale one), readable by the owner only.
 
         The kubelet's directory must exist: the daemon waits for it, never creates it.
+        What sits at the socket's name is handled by ``pluginsocket.clear`` (anything but a
+        directory is removed as the entry itself; a directory is refused with
+        :class:`SocketPathError`), off the event loop and bounded, like every host call.
         """
-        if not self.socket_path.parent.is_dir():
-            raise RuntimeError(f"the kubelet directory {self.socket_path.parent} does not exist")
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        cleared = await self._host(pluginsocket.clear, "clear the place of")
+        if self._stopping is not None:  # stopped meanwhile: nothing may be bound after it
+            raise RuntimeError(f"stopped before it could listen on {self.socket_path}")
+        if cleared.removed not in (None, "socket"):  # a stale socket is a crash's normal trace
+            log.warning(
+                FOREIGN_REMOVED_MSG,
+                socketPath=str(self.socket_path), kind=cleared.removed,
+                linkTarget=cleared.link_target,
+                hint="only that name was removed: nothing it pointed to or shared content "
+                "with was followed, written or removed",
+            )  # fmt: skip
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         # Recorded before any await: a stop that lands while this starts (a shutdown in
         # the middle of a scan) finds the server and its socket and removes both.
         self._server = server
         # Anyone who can connect can call Allocate and tear down a pod's RSD group: the
-        # socket is created 0600 whatever the process umask (bind happens right here).
+        # socket is created 0600 whatever the process umask (bind happens right here, on
+        # the loop's thread, the only one that ever changes the umask).
         with paths.umask(0o177):
             bound = server.add_insecure_port(f"unix:{self.socket_path}")
         if bound == 0:
             raise RuntimeError(f"cannot listen on {self.socket_path}")
-        self._socket_identity = paths.file_identity(self.socket_path)
-        # No chmod: it would follow a symlink swapped in since the bind. The umask above
-        # already made the socket 0600; check that what is there now is that socket.
-        info = os.lstat(self.socket_path)
-        if not stat.S_ISSOCK(info.st_mode) or stat.S_IMODE(info.st_mode) & 0o177:
-            raise RuntimeError(f"{self.socket_path} was replaced right after it was bound")
+        # A stop that lands during this check still needs its answer to remove the
+        # socket: it waits for the same task (see _stop_once).
+        self._bound_check = asyncio.ensure_future(self._host(pluginsocket.bound_identity, "check"))
+        self._socket_identity = await asyncio.shield(self._bound_check)
         await server.start()
 
-    def socket_intact(self) -> bool:
-        """False when something deleted or replaced our socket file."""
-        return (
-            self._socket_identity is not None
-            and paths.file_identity(self.socket_path) == self._socket_identity
+    async def _host(self, run: Callable[[Path], T | SocketPathError], doing: str) -> T:
+        """``run(socket_path)`` through the daemon's bounded host I/O; its refusal raised."""
+        outcome = await self._hostio.call(str(self.socket_path), partial(run, self.socket_path))
+        if isinstance(outcome, Stalled):
+            raise SocketPathError(f"cannot {doing} {self.socket_path}: {outcome}")
+        if isinstance(outcome, SocketPathError):
+            raise outcome
+        return outcome
+
+    async def socket_intact(self) -> bool:
+        """False when something deleted or replaced our socket file (a look that stalls
+        is no evidence either way: True)."""
+        identity = self._socket_identity
+        if identity is None:
+            return False
+        now = await self._hostio.call(
+            str(self.socket_path), partial(paths.file_identity, self.socket_path)
         )
+        return isinstance(now, Stalled) or now == identity
 
     def begin_stop(self) -> asyncio.Task[None]:
         """Start stopping (once; later calls get the same task) without waiting for it."""
@@ -127,10 +158,20 @@ class ResourcePlugin:
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
             self._server = None
-        if self.socket_intact():
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
-        self._socket_identity = None
+        if self._bound_check is not None:
+            await asyncio.gather(self._bound_check, return_exceptions=True)
+            check = self._bound_check
+            if self._socket_identity is None and not check.cancelled() and not check.exception():
+                self._socket_identity = check.result()
+        identity, self._socket_identity = self._socket_identity, None
+        if identity is not None:
+            removal = partial(pluginsocket.remove_if_ours, self.socket_path, identity)
+            outcome = await self._hostio.call(str(self.socket_path), removal)
+            if isinstance(outcome, Stalled):
+                log.warning(
+                    "Cannot remove the device plugin socket in time; it stays",
+                    socketPath=str(self.socket_path), err=str(outcome),
+                )  # fmt: skip
 
     # ----------------------------------------------------------------- registration
     async def register(self) -> None:

@@ -7,15 +7,15 @@ containers, then this servicer acts on the outcome (a wanted rescan, the answer)
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.host import memory
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.devicestate import DeviceState
 from rbln_device_plugin.kubelet.services import SharedServices
@@ -24,18 +24,6 @@ from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
-
-A = TypeVar("A")
-B = TypeVar("B")
-
-
-async def _both(main: Awaitable[A], beside: Awaitable[B]) -> tuple[A, B]:
-    """Both results; ``main``'s failure wins, and ``beside`` is always awaited to its end."""
-    results = await asyncio.gather(main, beside, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results[0], results[1]  # type: ignore[return-value]
 
 
 def _preferred() -> ModuleType:
@@ -49,8 +37,10 @@ def _preferred() -> ModuleType:
 
 
 def load_deferred() -> None:
-    """Import what only the kubelet's requests need (after Register: the start is shorter)."""
+    """Import what only the kubelet's requests need (after Register: the start is
+    shorter), then give the heap start-up freed back to the system."""
     _preferred()
+    memory.release_free_heap()
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -145,11 +135,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 # request is rejected before any container's turn.
                 try:
                     # The containers' first host checks (device nodes, the rbln-smi
-                    # lookup) run beside the final status reads: two thread hops at once.
-                    snapshot, first = await _both(
-                        self._state.allocation_snapshot(requested),
-                        self._allocator.first_look(requested, self._state.devices()),
+                    # lookup, the RSD lock file) run in the final status reads' batch:
+                    # one thread hop for all of them.
+                    first_calls = self._allocator.first_calls(requested)
+                    snapshot, results = await self._state.allocation_snapshot(
+                        requested, first_calls
                     )
+                    first = first_calls.look(results)
                 except Exception as exc:
                     known = self._state.devices()
                     self._allocator.unworked_spans(

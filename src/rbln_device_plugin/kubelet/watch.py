@@ -17,13 +17,16 @@ import asyncio
 import errno
 import socket
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Final
 
 from rbln_device_plugin.api import KUBELET_SOCKET
 from rbln_device_plugin.host import inotify
+from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.host.paths import FileIdentity, file_identity
 from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.waits import wait_any
 
 # Polling is the fallback only; with inotify nothing wakes up while the node is idle.
 FALLBACK_POLL_S: Final = 1.0
@@ -58,18 +61,38 @@ def kubelet_serving(socket_path: Path) -> bool:
 
 
 class KubeletSocketWatch:
-    """Tracks the identity of ``kubelet.sock``; ``on_restart`` runs for each new one."""
+    """Tracks the identity of ``kubelet.sock``; ``on_restart`` runs for each new one.
 
-    def __init__(self, directory: Path, on_restart: Callable[[], None]) -> None:
+    The stat goes through ``hostio`` (off the loop, bounded) when given: the kubelet's
+    directory is a host mount like any other, and one that hangs must not stall the loop.
+    A stat that does not answer changes nothing; the next event or scan asks again.
+    """
+
+    def __init__(
+        self, directory: Path, on_restart: Callable[[], None], hostio: HostIO | None = None
+    ) -> None:
         self.directory = directory
         self.socket_path = directory / KUBELET_SOCKET
         self._on_restart = on_restart
-        self.identity: FileIdentity | None = file_identity(self.socket_path)
+        self._hostio = hostio
+        self.identity: FileIdentity | None = None
+        self._primed = False
         self.mode = "starting"  # "inotify" or "poll", for logs and tests
 
-    def check(self) -> bool:
+    async def prime(self) -> None:
+        """Take the socket present now as the known one: it is no restart."""
+        identity = await self._stat()
+        if not isinstance(identity, Stalled):
+            self.identity, self._primed = identity, True
+
+    async def check(self) -> bool:
         """Compare the socket with the last one seen; True (and the callback) when new."""
-        identity = file_identity(self.socket_path)
+        identity = await self._stat()
+        if isinstance(identity, Stalled):
+            return False
+        if not self._primed:
+            self.identity, self._primed = identity, True
+            return False
         if identity == self.identity:
             return False
         previous, self.identity = self.identity, identity
@@ -84,10 +107,33 @@ class KubeletSocketWatch:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch until ``stop``; switches between inotify and polling as conditions allow."""
-        await inotify.follow_entry(
-            self.directory, KUBELET_SOCKET, _EVENTS, self.check, (stop,), FALLBACK_POLL_S,
-            on_mode=self._set_mode,
-        )  # fmt: skip
+        if not self._primed:
+            await self.prime()
+        wanted = asyncio.Event()  # inotify's callback is plain; the check runs in a task
+        checker = asyncio.create_task(self._check_when(wanted, stop), name="kubelet-check")
+        try:
+            await inotify.follow_entry(
+                self.directory, KUBELET_SOCKET, _EVENTS, wanted.set, (stop,), FALLBACK_POLL_S,
+                on_mode=self._set_mode,
+            )  # fmt: skip
+        finally:
+            checker.cancel()
+            await asyncio.gather(checker, return_exceptions=True)
+
+    async def _check_when(self, wanted: asyncio.Event, stop: asyncio.Event) -> None:
+        while True:
+            await wait_any(wanted, stop)
+            if stop.is_set():
+                return
+            wanted.clear()  # changes from now on ask for one more check
+            await self.check()
+
+    async def _stat(self) -> FileIdentity | Stalled | None:
+        if self._hostio is None:
+            return file_identity(self.socket_path)
+        return await self._hostio.call(
+            str(self.socket_path), partial(file_identity, self.socket_path)
+        )
 
     def _set_mode(self, mode: str, reason: str | None) -> None:
         if mode != self.mode:

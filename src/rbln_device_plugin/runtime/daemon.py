@@ -36,6 +36,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Final
 
 from rbln_device_plugin import options
@@ -91,12 +92,28 @@ async def _serve(config: Config, signals: ShutdownSignals) -> int:
     stop = asyncio.Event()
     signals.attach(loop, stop)  # stop is set now if a signal came before the loop
     try:
-        return await _serve_attached(config, signals, stop)
+        return await serve(config, stop, lambda: _name(signals))
     finally:
         signals.detach()
 
 
-async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asyncio.Event) -> int:
+def _no_signal() -> str | None:
+    return None
+
+
+async def serve(
+    config: Config,
+    stop: asyncio.Event,
+    signal_name: Callable[[], str | None] = _no_signal,
+) -> int:
+    """The daemon's runtime on the running loop until ``stop`` is set; the exit code.
+
+    Everything after the options are parsed: health service, metrics, instance lock, the
+    scan loop, the orderly shutdown. The process around it (signals, the stderr relay,
+    the log queue's last flush) is ``run``'s and ``cli``'s; tests run this in-process
+    with a stop event of their own (``tests/inprocess.py``). ``signal_name`` names the
+    signal that set ``stop``, for the ``Shutdown complete`` record.
+    """
     health: HealthService | None = None
     if config.healthcheck_enabled:
         health = HealthService(config.healthcheck_port)
@@ -108,24 +125,26 @@ async def _serve_attached(config: Config, signals: ShutdownSignals, stop: asynci
     else:
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
-    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME)
     recorder = await metrics_setup.start(config)  # before any wait: a waiting instance shows
+    # The daemon's one runner of blocking host calls: the lock files, then the scans.
+    hostio = HostIO(metrics=recorder)
+    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME, hostio)
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the
             # kubelet creates: on a machine that is not (yet) a node, wait for it.
             recorder.instance_state(m.STATE_WAITING_FOR_KUBELET_DIR)
-            waited = await KubeletDirectory(config.kubelet_dir).wait(stop)
+            waited = await KubeletDirectory(config.kubelet_dir, hostio).wait(stop)
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
             if not waited or not await instance.acquire(stop):
                 await recorder.shutdown()
-                log.info("Shutdown complete", signal=_name(signals))
+                log.info("Shutdown complete", signal=signal_name())
                 return options.EXIT_OK
         except InstanceLockError as exc:
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
         recorder.instance_state(m.STATE_SERVING)
-        return await _serve_locked(config, stop, signals, health, instance, recorder)
+        return await _serve_locked(config, stop, signal_name, health, instance, recorder, hostio)
     finally:
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
@@ -140,10 +159,11 @@ def _name(signals: ShutdownSignals) -> str | None:
 async def _serve_locked(
     config: Config,
     stop: asyncio.Event,
-    signals: ShutdownSignals,
+    signal_name: Callable[[], str | None],
     health: HealthService | None,
     instance: InstanceLock,
     recorder: m.Metrics,
+    hostio: HostIO,
 ) -> int:
     traces = tracing.setup(config)  # the tracer, and the exporter behind it when enabled
 
@@ -157,15 +177,15 @@ async def _serve_locked(
 
     watchdog = ScanWatchdog(config.scan_stall_limit, set_alive)
 
-    def scan_started() -> None:
-        instance.check()
-        watchdog.scan_started()
+    async def scan_started() -> None:
+        watchdog.scan_started()  # a lock check that stalls is part of a stuck scan
+        await instance.check()
 
-    def kubelet_restarted() -> None:
-        instance.check()  # kubelets before 1.33 delete the legacy lock file at start
+    async def kubelet_restarted() -> None:
+        await instance.check()  # kubelets before 1.33 delete the legacy lock file at start
 
     manager = Manager(
-        SharedServices(config, traces.tracer, HostIO(metrics=recorder), recorder),
+        SharedServices(config, traces.tracer, hostio, recorder),
         ScanHooks(
             first_scan=mark_ready,
             scan_start=scan_started,
@@ -214,7 +234,7 @@ async def _serve_locked(
         await asyncio.gather(traces.shutdown(), recorder.shutdown())
         log.info(
             "Shutdown complete",
-            signal=_name(signals),
+            signal=signal_name(),
             durationMs=round((time.monotonic() - started) * 1000, 1),
         )
     finally:

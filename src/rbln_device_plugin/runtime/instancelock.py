@@ -45,12 +45,15 @@ import contextlib
 import fcntl
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Final
 
 from rbln_device_plugin.host import inotify, ownfiles
+from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
@@ -127,10 +130,12 @@ class _LockFile:
         finally:
             os.close(top_fd)
 
-    def try_lock(self, *, create: bool = True) -> bool | None:
-        """Lock the file now at ``path``; False while another process holds it.
+    def lock_now(self, *, create: bool = True) -> int | bool | None:
+        """Blocking: lock the file now at ``path``; its descriptor (locked, holding our PID),
+        False while another process holds it, None when it is missing (with ``create``
+        false, or the kubelet's directory gone). Raises InstanceLockError.
 
-        With ``create`` false a missing file is left missing (None).
+        Runs on a host I/O thread (see ``_Attempt``), never on the event loop.
         """
         while True:
             try:
@@ -149,7 +154,7 @@ class _LockFile:
             except OSError as exc:
                 os.close(fd)
                 raise InstanceLockError(f"cannot lock {self.path}: {exc}") from exc
-            if self._is_current(fd):
+            if self.is_current(fd):
                 break
             # Deleted or replaced between open and flock: a lock on it guards nothing.
             os.close(fd)
@@ -157,14 +162,15 @@ class _LockFile:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def take(self, fd: int) -> None:
+        """From now on ``fd`` is this file's lock (on the loop, after ``lock_now``)."""
         self.close()  # a lock on a file that is gone from the path
         self.fd = fd
-        return True
 
-    def intact(self) -> bool:
-        return self.fd is not None and self._is_current(self.fd)
-
-    def _is_current(self, fd: int) -> bool:
+    def is_current(self, fd: int) -> bool:
+        """Blocking: is ``fd`` the file now at ``path`` (not deleted or replaced)?"""
         info = os.fstat(fd)
         try:
             now = os.lstat(self.path)
@@ -179,6 +185,7 @@ class _LockFile:
             self.fd = None
 
     def holder(self) -> int | str:
+        """Blocking: the PID the file names, or "unknown"."""
         try:
             # Never followed, never blocking (a named pipe planted there stays unread).
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -195,8 +202,52 @@ class _LockFile:
         return int(text) if text.isdigit() else "unknown"
 
 
+class _Attempt:
+    """One ``lock_now`` on a host I/O thread whose caller may give up on it (a stall, or a
+    cancelled caller): a descriptor it gets after that is closed, so no lock is ever held
+    that the daemon does not know of (it would lock this daemon out of its own file)."""
+
+    def __init__(self, lock: _LockFile, create: bool) -> None:
+        self._lock = lock
+        self._create = create
+        self._guard = threading.Lock()
+        self._abandoned = False
+        self._fd: int | None = None
+
+    def run(self) -> int | bool | InstanceLockError | None:
+        try:
+            outcome = self._lock.lock_now(create=self._create)
+        except InstanceLockError as exc:
+            return exc  # host calls return problems as data (see hostio.Call)
+        if isinstance(outcome, bool) or outcome is None:
+            return outcome
+        with self._guard:
+            if self._abandoned:
+                os.close(outcome)
+                return None
+            self._fd = outcome
+        return outcome
+
+    def abandon(self) -> None:
+        with self._guard:
+            self._abandoned = True
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 class InstanceLock:
-    def __init__(self, kubelet_dir: Path, anchor: Path | None = None) -> None:
+    def __init__(
+        self, kubelet_dir: Path, anchor: Path | None = None, hostio: HostIO | None = None
+    ) -> None:
+        # Every file access runs off the event loop, bounded (see ``hostio``): a lock
+        # directory on a hung mount must not freeze the loop serving the kubelet.
+        self._io = hostio or HostIO()
+        # acquire, check and the watch's checks one at a time: two at once would each
+        # open and flock the same new file, and the second would see the first as another
+        # holder.
+        self._serial = asyncio.Lock()
+        self._stall_said = False
         self._primary = _LockFile(
             kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False, subdir=LOCK_DIR
         )
@@ -217,19 +268,25 @@ class InstanceLock:
         """Take both locks, waiting as long as another instance holds either.
 
         False when ``stop`` was set first. Raises InstanceLockError when a file cannot be
-        used at all.
+        used at all. A lock file that does not answer within the host I/O bound is said
+        once and tried again, like a held one: nothing is known to be wrong with it yet.
         """
         started = time.monotonic()
         reported = False
         for lock in self._locks:
-            while not (locked := lock.try_lock()):
-                if locked is not None and not reported:  # None: no kubelet directory yet
+            while True:
+                async with self._serial:
+                    locked = await self._try_lock(lock, create=True)
+                if locked is True:
+                    break
+                if locked is False and not reported:
                     log.error(
                         "Another rbln-device-plugin instance serves this kubelet directory; "
                         "waiting for it to exit",
-                        lockPath=str(lock.path), holderPid=lock.holder(),
+                        lockPath=str(lock.path), holderPid=await self._holder(lock),
                     )  # fmt: skip
                     reported = True
+                # None: no kubelet directory yet; a Stalled: said in _try_lock
                 await wait_any(stop, timeout=RETRY_S)
                 if stop.is_set():
                     return False
@@ -240,7 +297,46 @@ class InstanceLock:
             )  # fmt: skip
         return True
 
-    def check(self, *, create: bool = True) -> bool:
+    async def _try_lock(self, lock: _LockFile, *, create: bool) -> bool | Stalled | None:
+        """``lock.lock_now`` through host I/O: True when ``lock`` is ours now."""
+        attempt = _Attempt(lock, create)
+        try:
+            outcome = await self._io.call(str(lock.path), attempt.run)
+        except BaseException:
+            attempt.abandon()
+            raise
+        if isinstance(outcome, Stalled):
+            attempt.abandon()
+            self._stalled(lock, outcome)
+            return outcome
+        self._stall_said = False
+        if isinstance(outcome, InstanceLockError):
+            raise outcome
+        if isinstance(outcome, bool) or outcome is None:
+            return outcome
+        lock.take(outcome)
+        return True
+
+    def _stalled(self, lock: _LockFile, stalled: Stalled) -> None:
+        if not self._stall_said:
+            log.warning(
+                "Instance lock file did not answer in time; trying again",
+                lockPath=str(lock.path), err=str(stalled),
+            )  # fmt: skip
+            self._stall_said = True
+
+    async def _holder(self, lock: _LockFile) -> int | str:
+        holder = await self._io.call(str(lock.path), lock.holder)
+        return "unknown" if isinstance(holder, Stalled) else holder
+
+    async def _intact(self, lock: _LockFile, fd: int) -> bool:
+        current = await self._io.call(str(lock.path), partial(lock.is_current, fd))
+        if isinstance(current, Stalled):
+            self._stalled(lock, current)
+            return True  # no evidence either way: the next check looks again
+        return current
+
+    async def check(self, *, create: bool = True) -> bool:
         """Are both locks still ours? Lock a deleted or replaced file again where nobody
         holds it; otherwise record the loss and set ``lost``. True while held.
 
@@ -248,23 +344,27 @@ class InstanceLock:
         at the next scan, so a directory being removed is not refilled under the remover.
         A file someone else created and locked meanwhile is still a loss.
         """
+        async with self._serial:
+            return await self._check(create)
+
+    async def _check(self, create: bool) -> bool:
         if self.loss is not None:
             return False
         for lock in self._locks:
-            if lock.fd is None or lock.intact():
+            if lock.fd is None or await self._intact(lock, lock.fd):
                 continue
             try:
-                locked = lock.try_lock(create=create)
+                locked = await self._try_lock(lock, create=create)
             except InstanceLockError as exc:
                 lock.close()
                 self._lose(LockLoss(lock.path, f"the lock file was deleted or replaced and {exc}"))
                 return False
-            if locked is None:
-                continue  # deleted; locked again at the next scan unless someone is faster
+            if locked is None or isinstance(locked, Stalled):
+                continue  # deleted (locked again at the next scan unless someone is faster)
             if not locked:
                 reason = "the lock file was deleted or replaced and another process holds it now"
                 lock.close()
-                self._lose(LockLoss(lock.path, reason, lock.holder()))
+                self._lose(LockLoss(lock.path, reason, await self._holder(lock)))
                 return False
             if not lock.legacy:  # the kubelet deletes the legacy file on its own
                 log.warning("Instance lock file was deleted or replaced; locked it again",
@@ -277,10 +377,24 @@ class InstanceLock:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Check at once whenever the primary lock's directory changes, until stop or loss."""
-        await inotify.follow_entry(
-            self.path.parent, LOCK_NAME, _WATCH_EVENTS, lambda: self.check(create=False),
-            (stop, self.lost), FALLBACK_POLL_S,
-        )  # fmt: skip
+        wanted = asyncio.Event()  # inotify's callback is plain; the check runs in a task
+        checker = asyncio.create_task(self._check_when(wanted, stop), name="instance-lock-check")
+        try:
+            await inotify.follow_entry(
+                self.path.parent, LOCK_NAME, _WATCH_EVENTS, wanted.set, (stop, self.lost),
+                FALLBACK_POLL_S,
+            )  # fmt: skip
+        finally:
+            checker.cancel()
+            await asyncio.gather(checker, return_exceptions=True)
+
+    async def _check_when(self, wanted: asyncio.Event, stop: asyncio.Event) -> None:
+        while True:
+            await wait_any(wanted, stop, self.lost)
+            if stop.is_set() or self.lost.is_set():
+                return
+            wanted.clear()  # changes from now on ask for one more check
+            await self.check(create=False)
 
     def release(self) -> None:
         for lock in reversed(self._locks):

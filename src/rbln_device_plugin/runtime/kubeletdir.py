@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Final
 
+from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
 
@@ -24,14 +25,22 @@ log = get_logger()
 
 
 class KubeletDirectory:
-    """Whether the directory exists, with one record when it goes and one when it comes."""
+    """Whether the directory exists, with one record when it goes and one when it comes.
 
-    def __init__(self, path: Path) -> None:
+    The look runs off the event loop with the bound of every host access (``hostio``):
+    the kubelet's directory on a mount that does not answer counts as not there yet
+    (HostIO says so, naming it), without a record that it is missing.
+    """
+
+    def __init__(self, path: Path, hostio: HostIO | None = None) -> None:
         self.path = path
+        self._io = hostio or HostIO()
         self._missing_since: float | None = None
 
-    def present(self) -> bool:
-        exists = self.path.is_dir()
+    async def present(self) -> bool:
+        exists = await self._io.call(str(self.path), self.path.is_dir)
+        if isinstance(exists, Stalled):
+            return False
         if not exists and self._missing_since is None:
             self._missing_since = time.monotonic()
             log.warning(MISSING_MSG, path=str(self.path))
@@ -44,7 +53,7 @@ class KubeletDirectory:
     async def wait(self, stop: asyncio.Event) -> bool:
         """Until the directory exists (True) or ``stop`` is set (False)."""
         while not stop.is_set():
-            if self.present():
+            if await self.present():
                 return True
             # A missing directory cannot be watched with inotify; the kubelet creates it
             # once, at its start, so a slow poll costs nothing that matters.

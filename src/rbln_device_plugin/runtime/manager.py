@@ -43,7 +43,7 @@ STREAM_LOSS_GRACE_S: Final = 0.5
 log = get_logger()
 
 
-async def _no_first_scan_hook() -> None:
+async def _nothing() -> None:
     pass
 
 
@@ -51,11 +51,11 @@ async def _no_first_scan_hook() -> None:
 class ScanHooks:
     """What the daemon around the scan loop hears of it."""
 
-    first_scan: Callable[[], Awaitable[None]] = _no_first_scan_hook  # after the first scan
-    scan_start: Callable[[], None] = lambda: None
+    first_scan: Callable[[], Awaitable[None]] = _nothing  # after the first scan
+    scan_start: Callable[[], Awaitable[None]] = _nothing
     scan_end: Callable[[], None] = lambda: None
     # Before the plugins register again with a restarted kubelet.
-    kubelet_restart: Callable[[], None] = lambda: None
+    kubelet_restart: Callable[[], Awaitable[None]] = _nothing
 
 
 class Manager:
@@ -85,13 +85,16 @@ class Manager:
         # Set to scan now and keep the schedule: a kubelet restart, a lost stream, or a
         # plugin that wants a rescan (Allocate found the node changed since the last scan).
         self._wake = services.rescan_wanted
-        self.kubelet_socket_watch = KubeletSocketWatch(config.kubelet_dir, self._kubelet_restarted)
-        self._kubelet_dir = KubeletDirectory(config.kubelet_dir)
+        self.kubelet_socket_watch = KubeletSocketWatch(
+            config.kubelet_dir, self._kubelet_restarted, self._hostio
+        )
+        self._kubelet_dir = KubeletDirectory(config.kubelet_dir, self._hostio)
         self.cdi_check = CdiSpecCheck(config, self._hostio, self._metrics)
         self._cdi_check_failed = False
         # Said once, again on a new reason, and once more when it ends (see streaks).
         self._discovery_failures = FailureStreak()
         self._registration_failures: dict[str, FailureStreak] = {}
+        self._start_failures: dict[str, FailureStreak] = {}
         self._restart_pending = False
         # The kubelet's streams ended and its kubelet.sock refuses connections: it exited
         # (a restart's first half, or a crash). No registration until its successor's new
@@ -105,6 +108,7 @@ class Manager:
         self._offered: dict[str, frozenset[str]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self.kubelet_socket_watch.prime()  # the kubelet.sock found at start: no restart
         await self._clean_cdi()
         await self._check_cdi_spec()  # once before the first scan: its record comes first
         watcher = asyncio.create_task(self.kubelet_socket_watch.run(stop), name="kubelet-watch")
@@ -134,7 +138,7 @@ class Manager:
             await self._stop_all()
 
     async def _scan_once(self) -> None:
-        self._hooks.scan_start()
+        await self._hooks.scan_start()
         try:
             await self._restart_if_kubelet_restarted()
             await self._reconcile()
@@ -201,11 +205,12 @@ class Manager:
             del self.plugins[resource]
             self._histories.pop(resource, None)
             self._registration_failures.pop(resource, None)
+            self._start_failures.pop(resource, None)
             log.info("Stopped device plugin for absent resource", resourceName=resource)
 
     async def _sync_all(self, wanted: Mapping[str, Sequence[Device]]) -> None:
         # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
-        can_start = self._kubelet_dir.present() if wanted else True
+        can_start = await self._kubelet_dir.present() if wanted else True
         for resource in sorted(wanted):
             try:
                 await self._sync_plugin(resource, wanted[resource], can_start)
@@ -242,7 +247,7 @@ class Manager:
         self, resource: str, devices: Sequence[Device], can_start: bool = True
     ) -> None:
         plugin = self.plugins.get(resource)
-        if plugin is not None and not plugin.socket_intact():
+        if plugin is not None and not await plugin.socket_intact():
             # With the kubelet down this is its successor cleaning the directory.
             emit = log.debug if self._kubelet_down else log.warning
             emit(
@@ -263,16 +268,28 @@ class Manager:
             )
             # Recorded before it starts, for the same reason as in _stop_absent.
             self.plugins[resource] = plugin
+            streak = self._start_failures.setdefault(resource, FailureStreak())
             try:
                 await plugin.start()
             except (OSError, RuntimeError) as exc:
-                log.error(
+                # Each scan retries; the same reason is said once (a directory where the
+                # socket belongs stays until someone removes it), a new one again.
+                emit = log.error if streak.failed(str(exc)) else log.debug
+                emit(
                     "Cannot start device plugin server; retrying next scan",
                     resourceName=resource, socketPath=str(plugin.socket_path), err=exc,
+                    failedAttempts=streak.failures,
                 )  # fmt: skip
                 await plugin.stop()
                 del self.plugins[resource]
                 return
+            failed_starts = streak.succeeded()
+            if failed_starts:
+                log.info(
+                    "Device plugin server started",
+                    resourceName=resource, socketPath=str(plugin.socket_path),
+                    failedAttempts=failed_starts,
+                )  # fmt: skip
         await plugin.update(devices)
         if not self._kubelet_down:
             plugin.register_in_background(partial(self._registration_ended, plugin))
@@ -299,7 +316,7 @@ class Manager:
 
     async def _after_stream_loss(self, plugin: ResourcePlugin) -> None:
         await asyncio.sleep(STREAM_LOSS_GRACE_S)
-        self.kubelet_socket_watch.check()
+        await self.kubelet_socket_watch.check()
         if self._restart_pending or self.plugins.get(plugin.resource) is not plugin:
             return  # a kubelet restart: every plugin starts again, nothing was lost
         plugin.registration_lost()
@@ -350,11 +367,11 @@ class Manager:
         self._wake.set()
 
     async def _restart_if_kubelet_restarted(self) -> None:
-        self.kubelet_socket_watch.check()  # a cheap stat per scan backs up the watch
+        await self.kubelet_socket_watch.check()  # a cheap stat per scan backs up the watch
         if self._restart_pending:
             self._restart_pending = False
             self._kubelet_down = False
-            self._hooks.kubelet_restart()
+            await self._hooks.kubelet_restart()
             await self._stop_all()
             await self._clean_cdi()
 
