@@ -3,6 +3,7 @@ bytes, so pytest's deep tmp_path is not always usable) and a loaded machine."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -37,6 +39,74 @@ def _fresh_structlog() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+# ---------------------------------------------------------------- parallel runs
+# `make test` runs the suite on several pytest-xdist workers with `--dist loadgroup`: the
+# tests of one group run on one worker, one after another; every other test is a unit of its
+# own, sent to whichever worker is free. The groups (docs/testing.md) are decided here from
+# the test IDs, by the scheduler below: xdist's own loadgroup reads `xdist_group` marks into
+# a suffix of the test ID, which pytest 9.2 no longer lets a plugin change.
+HOST_GLOBAL = "host-global"  # the kubelet peer and the real cluster: root, fixed host paths
+HOST_GLOBAL_MODULES = ("test_kubelet_peer", "test_realnode")  # module name prefixes
+MACHINE_LOAD = "machine-load"  # tests that load every core, or read resident memory under load
+MACHINE_LOAD_TESTS = {
+    "test_hostio.py::test_a_blocking_read_stalls_only_its_own_item",
+    "test_hostio.py::test_a_slow_batch_of_healthy_calls_never_stalls",
+    "test_stalls.py::test_slow_status_reads_on_a_loaded_machine_are_not_stalls",
+    "test_load.py::test_resident_memory_levels_off_over_10000_calls",
+}
+# Modules whose tests share a fixture of the module wider than one test (a daemon, a Go
+# build, the image's virtualenv, helm's renders), or read what the module's other tests left
+# (test_hostile.py counts the outcomes its property tests saw): on one worker, set up once.
+# test_every_shared_fixture_module_runs_on_one_worker checks that the list is complete.
+SHARED_MODULES = {
+    "test_allocate_e2e.py",  # the in-process modules' shared daemons (tests/inprocess.py)
+    "test_preferred_e2e.py",
+    "test_deploy_chart.py",
+    "test_deploy_chart_metrics.py",
+    "test_deploy_image.py",
+    "test_goparse.py",
+    "test_hostile.py",
+    "test_prometheus_rules.py",
+}
+
+
+def parallel_group(nodeid: str) -> str:
+    """The unit of work a test belongs to in make test's parallel run."""
+    module = nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if module.startswith(HOST_GLOBAL_MODULES):
+        return HOST_GLOBAL
+    if nodeid.rsplit("/", 1)[-1].split("[")[0] in MACHINE_LOAD_TESTS:
+        return MACHINE_LOAD
+    return module if module in SHARED_MODULES else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return parallel_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):
+        # The longest first (a test with its own long timeout, such as the benchmark run of
+        # minutes, then the other slow ones): a worker that picks one up last would run
+        # alone at the end. Stable, so every worker sorts alike; pytest-random-order, when
+        # asked to, shuffles after this.
+        items.sort(key=_longest_first)
+
+
+def _longest_first(item: pytest.Item) -> tuple[bool, float]:
+    timeout = item.get_closest_marker("timeout")
+    own_timeout = float(timeout.args[0]) if timeout is not None and timeout.args else 0.0
+    return item.get_closest_marker("slow") is None, -own_timeout
+
+
 # ---------------------------------------------------------------- the kubelet peer
 KUBELET_PEER_BUILDS = pytest.StashKey[dict[str, kubelet_peer.Build]]()
 
@@ -47,6 +117,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Building here keeps a cold build (minutes: module download and compile) out of every
     test's timeout; later sessions reuse the cached binaries.
     """
+    go_layers = any(
+        item.get_closest_marker("kubelet_peer") or item.get_closest_marker("realnode")
+        for item in session.items
+    )
+    if not go_layers or not hasattr(session.config, "workerinput"):
+        _prepare_go_layers(session)
+        return
+    # Under pytest-xdist every worker collects every test and comes here: one builds at a
+    # time, and the others then find its cached binaries. (make test runs these layers
+    # without xdist, where the builds' progress lines are seen.)
+    with open(Path(tempfile.gettempdir()) / "rbln-device-plugin-go-builds.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _prepare_go_layers(session)
+
+
+def _prepare_go_layers(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     prepare_session(session, reporter.write_line if reporter is not None else print)
     wanted = sorted(

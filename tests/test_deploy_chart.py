@@ -7,6 +7,7 @@ daemon's own configuration code, so a value the schema lets through cannot crash
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -196,6 +197,22 @@ LEFT_AT_DEFAULT = {"SYSFS_ROOT", "DEV_ROOT", "RBLN_SMI_PATH", "SCAN_STALL_LIMIT"
 TEST_ONLY = {"RBLN_TEST_FILE_DEVICE_NODES"}
 
 
+# `helm template` answers by what helm was given: the binary, the arguments, the values
+# file's contents (not its name) and the chart's files. Many tests (in several modules, each
+# with its own `helm` fixture) render the same values; helm's answer to the same input is the
+# same, and a changed chart is a new key.
+_RENDERED: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
+
+
+def chart_digest(chart: Path = CHART) -> str:
+    """A digest of every file of the chart, names and contents: what `helm template` reads."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in chart.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(chart)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 class Helm:
     def __init__(self, binary: Path, home: Path) -> None:
         self.binary = binary
@@ -223,8 +240,16 @@ class Helm:
     def attempt(
         self, *args: str, values: Mapping[str, Any] | None = None, release: str = RELEASE
     ) -> subprocess.CompletedProcess[str]:
-        extra = ("-f", self.values_file(values)) if values is not None else ()
-        return self.run("template", release, str(CHART), "--namespace", NAMESPACE, *extra, *args)
+        """`helm template` of the chart with ``args``, memoized (see ``_RENDERED``)."""
+        values_text = "" if values is None else yaml.safe_dump(dict(values))
+        key = (str(self.binary), chart_digest(), release, values_text, *args)
+        done = _RENDERED.get(key)
+        if done is None:
+            extra = ("-f", self.values_file(values)) if values is not None else ()
+            command = ("template", release, str(CHART), "--namespace", NAMESPACE, *extra, *args)
+            done = _RENDERED[key] = self.run(*command)
+        # A copy: a test that changes what it got cannot change another test's answer.
+        return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, done.stderr)
 
     def template(
         self, *args: str, values: Mapping[str, Any] | None = None, release: str = RELEASE
@@ -890,6 +915,7 @@ _TERM = st.tuples(
 )
 
 
+@pytest.mark.slow  # about 40 helm runs: seconds
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(sign=st.sampled_from(["", "+"]), terms=st.lists(_TERM, min_size=1, max_size=3))
 # Go cuts each term to whole nanoseconds: ".1ns" is 0 s, and "0.5ns1ns" is 1 ns.
@@ -945,6 +971,7 @@ _ENDPOINT = st.tuples(
 )  # fmt: skip
 
 
+@pytest.mark.slow  # about 60 helm runs: seconds
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(parts=_ENDPOINT)
 def test_otlp_endpoint_helm_and_daemon_agree(helm: Helm, parts: tuple[str, str, str, str]) -> None:

@@ -101,7 +101,13 @@ async def test_unexpected_scan_error_is_a_discovery_failure_not_a_crash(short_tm
 
     scanner = ScriptedScanner(answer)
     with capture_logs() as logs:
-        _, kubelet = await run_manager(short_tmp, scanner, lambda: scanner.calls >= 4)
+        async with managing(short_tmp, scanner) as (_, kubelet):
+            # The plugin registers beside the scans, not within one: wait for it too (a
+            # loaded machine can take longer than a scan interval or two to register).
+            await until(
+                lambda: scanner.calls >= 4 and any(r.accepted for r in kubelet.registrations),
+                "the scripted scans and a registration",
+            )
     # Both bugs were reported as failed scans, and the loop went on to register.
     failures = [e for e in logs if e["event"].startswith("Device discovery failed")]
     assert [(e["log_level"], e["err"]) for e in failures] == [

@@ -12,21 +12,24 @@ import os
 import stat
 import subprocess
 import sys
-import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from structlog.testing import capture_logs
 
 from rbln_device_plugin.host.devnodes import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_TIMEOUT_S,
     DeviceNodeMissing,
     NotADeviceNode,
     node_kind,
     wait_for_nodes,
 )
-from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.host.rsd import (
+    LOCK_RETRY_S,
     LOCK_TIMEOUT_S,
     GroupEntry,
     RsdError,
@@ -41,6 +44,8 @@ from rbln_device_plugin_sim.node import materialize
 from rbln_device_plugin_sim.state import Fault
 
 from .fault_helpers import smi_calls, trace_smi, wait_until
+
+T = TypeVar("T")
 
 # Bus IDs with hex letters, so an upper-case request can be told from a lower-case one.
 BUS = [f"0000:{0x0A + i:02x}:00.0" for i in range(4)]
@@ -86,11 +91,32 @@ class RsdNode:
         with self.sim.store.transaction() as state:
             state.dev_root = str(elsewhere)
 
-    async def recreate(self, bus_ids: list[str], **kw: Any) -> RsdGroup:
+    async def recreate(
+        self, bus_ids: list[str], hostio: HostIO | None = None, **kw: Any
+    ) -> RsdGroup:
         return await recreate_rsd_group(
-            self.sim.smi_path, bus_ids, HostIO(), lock_path=self.lock, dev_root=self.dev,
-            accept_file_nodes=True, **kw,
+            self.sim.smi_path, bus_ids, hostio or HostIO(), lock_path=self.lock,
+            dev_root=self.dev, accept_file_nodes=True, **kw,
         )  # fmt: skip
+
+
+class InLoopHostIO(HostIO):
+    """Runs each host call on the event loop itself, for the fake-time tests below.
+
+    looptime fast-forwards the loop's clock whenever the loop has nothing ready, and counts
+    work on other threads as taking no loop time: behind the real HostIO's thread hop the
+    fake clock would race ahead and expire budgets early. The calls here are local file
+    operations of microseconds (open, stat), so running them in place keeps every step of
+    the budget on the loop's clock. The real HostIO is what every other test uses.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    async def map(self, calls: Sequence[Call[T]]) -> list[T | Stalled]:
+        self.batches += 1
+        return [call.run() for call in calls]
 
 
 @pytest.fixture
@@ -276,41 +302,51 @@ async def test_concurrent_recreations_serialise_and_both_succeed(short_tmp: Path
     assert first.host_path.exists() and second.host_path.exists()
 
 
-@pytest.mark.slow  # waits out the 5 s lock budget
-async def test_lock_held_by_another_process_times_out_without_blocking_the_loop(
-    node: RsdNode,
-) -> None:
+HOLDER = (
+    "import fcntl, sys, time\n"
+    "f = open(sys.argv[1], 'a')\n"
+    "fcntl.flock(f, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def lock_holder(node: RsdNode) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the RSD lock. A fixture: set up in real time, before the
+    test's fake time begins (a real process, read through a real pipe)."""
     node.lock.parent.mkdir(parents=True)
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "import fcntl, sys, time\n"
-        f"f = open({str(node.lock)!r}, 'a')\n"
-        "fcntl.flock(f, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n",
-        stdout=asyncio.subprocess.PIPE,
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(node.lock)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout is not None
-        assert (await asyncio.wait_for(holder.stdout.readline(), 30)).strip() == b"locked"
-        started = time.monotonic()
-        waiting = asyncio.create_task(node.recreate([BUS[0]]))  # default budget: 5 s
-        # The loop is free while the recreation waits: this coroutine runs again before
-        # the budget can run out (the wait ends only on a timer, and the loop turns to
-        # timers after every ready callback, this one included).
-        await asyncio.sleep(0)
-        assert not waiting.done()
-        with pytest.raises(
-            RsdError, match=r"timed out after 5 s waiting for the RSD lock .*rsd.lock"
-        ):
-            await waiting
-        elapsed = time.monotonic() - started
-        # The budget is the behaviour: never given up early; the upper bound is generous
-        # (a loaded machine) and only catches a wait far past the budget.
-        assert LOCK_TIMEOUT_S - 0.1 <= elapsed < 3 * LOCK_TIMEOUT_S
-        assert node.calls() == []
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder
     finally:
         holder.kill()
-        await holder.wait()
+        holder.wait()
+
+
+@pytest.mark.looptime  # the 5 s budget passes on the loop's fake clock, in milliseconds
+async def test_lock_held_by_another_process_times_out_without_blocking_the_loop(
+    node: RsdNode, lock_holder: subprocess.Popen[str]
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    waiting = asyncio.create_task(node.recreate([BUS[0]], InLoopHostIO()))  # default: 5 s
+    # The loop is free while the recreation waits: this coroutine runs again before
+    # the budget can run out (the wait ends only on a timer, and the loop turns to
+    # timers after every ready callback, this one included).
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    with pytest.raises(RsdError, match=r"timed out after 5 s waiting for the RSD lock .*rsd.lock"):
+        await waiting
+    elapsed = loop.time() - started
+    # The budget is the behaviour: never given up early, nor later than the retry step
+    # past it (every step of the wait is on this loop's clock).
+    assert LOCK_TIMEOUT_S <= elapsed <= LOCK_TIMEOUT_S + LOCK_RETRY_S + 1e-3
+    assert node.calls() == []
+    lock_holder.kill()
+    lock_holder.wait()
     assert lock_is_free(node.lock)
 
 
@@ -359,6 +395,19 @@ async def test_wait_for_nodes_names_the_missing_ones(tmp_path: Path) -> None:
         )
     assert info.value.missing == (tmp_path / "rbln1",)
     assert "rbln1 did not appear within 0.2 s" in str(info.value)
+
+
+@pytest.mark.looptime  # the 5 s default passes on the loop's fake clock, in milliseconds
+async def test_wait_for_nodes_polls_every_100_ms_for_5_s_by_default(tmp_path: Path) -> None:
+    hostio = InLoopHostIO()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(DeviceNodeMissing, match=r"rsd1 did not appear within 5 s"):
+        await wait_for_nodes([tmp_path / "rsd1"], hostio, accept_files=True)
+    assert loop.time() - started == pytest.approx(DEFAULT_TIMEOUT_S, abs=1e-3)
+    # A look at 0, 0.1, ..., 5.0 s (a float rounding may add one more at the very end).
+    looks = 1 + round(DEFAULT_TIMEOUT_S / DEFAULT_INTERVAL_S)
+    assert looks <= hostio.batches <= looks + 1
 
 
 async def test_wait_for_nodes_zero_timeout_checks_once(tmp_path: Path) -> None:

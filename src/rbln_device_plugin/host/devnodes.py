@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -83,7 +82,8 @@ async def wait_for_nodes(
     Each path is checked at least once, so a zero timeout is a plain existence check.
     Raises NotADeviceNode at once for a directory or another kind of file.
     """
-    deadline = time.monotonic() + timeout
+    loop = asyncio.get_running_loop()  # the budget's clock, as every budget in async code
+    deadline = loop.time() + timeout
     missing = tuple(paths)
     why = ""
     while True:
@@ -100,7 +100,7 @@ async def wait_for_nodes(
                 raise NotADeviceNode(path, kind)
             still.append(path)
         missing = tuple(still)
-        remaining = deadline - time.monotonic()
+        remaining = deadline - loop.time()
         if not missing:
             return
         if remaining <= 0:
