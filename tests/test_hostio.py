@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
+from rbln_device_plugin.host.hostio import HOST_IO_TIMEOUT_S, Call, HostIO, Stalled
 from rbln_device_plugin.host.paths import ensure_dir, ensure_subdir
 
 from .fault_helpers import wait_until
@@ -77,11 +77,14 @@ async def test_a_blocking_read_stalls_only_its_own_item(
     before, after = make_files(tmp_path, ["a", "b"]), make_files(tmp_path, ["c"])
     fifo = tmp_path / "stuck"
     os.mkfifo(fifo)
-    io = HostIO(timeout=0.3)  # per read: the plain files' reads are far within it
+    # The daemon's own bound per read: on a machine this loaded (every core busy, and the
+    # suite's other workers beside it) a plain file's read can take a scheduler slice or
+    # three, and a shorter bound made of that a stall the daemon itself would not see.
+    io = HostIO(timeout=HOST_IO_TIMEOUT_S)
     try:
         batch = asyncio.create_task(io.map(reads([*before, fifo, *after])))
         # The loop is free while the batch waits: this coroutine runs again before the
-        # batch can finish (it cannot before its 0.3 s bound runs out, and the loop turns
+        # batch can finish (it cannot before its bound runs out, and the loop turns
         # to timers only after every ready callback, this one included).
         await asyncio.sleep(0)
         assert not batch.done()
