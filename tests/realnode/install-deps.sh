@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the real-node tests need (make e2e, make test), when run as
-# root on a Debian-like machine with apt-get. Idempotent: nothing happens when they are
+# Installs the Debian packages the real-node tests (make e2e, make test) and the image's
+# init check (tini, test_deploy_image.py) need, when run as root on a Debian-like machine
+# with apt-get. Idempotent: nothing happens when they are
 # present. Otherwise it says what is missing and exits 0: the tests then skip with that
 # reason instead of failing.
 set -euo pipefail
-packages=(runc buildah debootstrap umoci busybox-static containernetworking-plugins gcc
+packages=(runc buildah debootstrap umoci busybox-static containernetworking-plugins gcc tini
           libc6-dev openssl iproute2 util-linux)
 missing=()
 for pkg in "${packages[@]}"; do

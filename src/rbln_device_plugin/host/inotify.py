@@ -14,7 +14,7 @@ import ctypes
 import errno
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -155,3 +155,36 @@ async def follow_entry(
             await wait_any(*until, gone)
         finally:
             watch.close()
+
+
+async def check_entry(
+    directory: os.PathLike[str] | str,
+    name: str,
+    mask: int,
+    check: Callable[[], Awaitable[object]],
+    until: Sequence[asyncio.Event],
+    poll_s: float,
+    on_mode: Callable[[str, str | None], None] = lambda mode, reason: None,
+) -> None:
+    """``follow_entry`` for a check that awaits (host I/O through HostIO, off the loop).
+
+    inotify's callback is plain, so it only asks; one task runs the checks, one at a
+    time. Changes that arrive during a check ask for one more after it, never for a
+    second check beside it.
+    """
+    wanted = asyncio.Event()
+
+    async def checks() -> None:
+        while True:
+            await wait_any(wanted, *until)
+            if any(event.is_set() for event in until):
+                return
+            wanted.clear()  # changes from now on ask for one more check
+            await check()
+
+    checker = asyncio.create_task(checks(), name=f"check {name}")
+    try:
+        await follow_entry(directory, name, mask, wanted.set, until, poll_s, on_mode)
+    finally:
+        checker.cancel()
+        await asyncio.gather(checker, return_exceptions=True)

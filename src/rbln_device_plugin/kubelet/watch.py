@@ -26,7 +26,6 @@ from rbln_device_plugin.host import inotify
 from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.host.paths import FileIdentity, file_identity
 from rbln_device_plugin.telemetry.logs import get_logger
-from rbln_device_plugin.waits import wait_any
 
 # Polling is the fallback only; with inotify nothing wakes up while the node is idle.
 FALLBACK_POLL_S: Final = 1.0
@@ -109,24 +108,10 @@ class KubeletSocketWatch:
         """Watch until ``stop``; switches between inotify and polling as conditions allow."""
         if not self._primed:
             await self.prime()
-        wanted = asyncio.Event()  # inotify's callback is plain; the check runs in a task
-        checker = asyncio.create_task(self._check_when(wanted, stop), name="kubelet-check")
-        try:
-            await inotify.follow_entry(
-                self.directory, KUBELET_SOCKET, _EVENTS, wanted.set, (stop,), FALLBACK_POLL_S,
-                on_mode=self._set_mode,
-            )  # fmt: skip
-        finally:
-            checker.cancel()
-            await asyncio.gather(checker, return_exceptions=True)
-
-    async def _check_when(self, wanted: asyncio.Event, stop: asyncio.Event) -> None:
-        while True:
-            await wait_any(wanted, stop)
-            if stop.is_set():
-                return
-            wanted.clear()  # changes from now on ask for one more check
-            await self.check()
+        await inotify.check_entry(
+            self.directory, KUBELET_SOCKET, _EVENTS, self.check, (stop,), FALLBACK_POLL_S,
+            on_mode=self._set_mode,
+        )  # fmt: skip
 
     async def _stat(self) -> FileIdentity | Stalled | None:
         if self._hostio is None:

@@ -377,24 +377,10 @@ class InstanceLock:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Check at once whenever the primary lock's directory changes, until stop or loss."""
-        wanted = asyncio.Event()  # inotify's callback is plain; the check runs in a task
-        checker = asyncio.create_task(self._check_when(wanted, stop), name="instance-lock-check")
-        try:
-            await inotify.follow_entry(
-                self.path.parent, LOCK_NAME, _WATCH_EVENTS, wanted.set, (stop, self.lost),
-                FALLBACK_POLL_S,
-            )  # fmt: skip
-        finally:
-            checker.cancel()
-            await asyncio.gather(checker, return_exceptions=True)
-
-    async def _check_when(self, wanted: asyncio.Event, stop: asyncio.Event) -> None:
-        while True:
-            await wait_any(wanted, stop, self.lost)
-            if stop.is_set() or self.lost.is_set():
-                return
-            wanted.clear()  # changes from now on ask for one more check
-            await self.check(create=False)
+        await inotify.check_entry(
+            self.path.parent, LOCK_NAME, _WATCH_EVENTS, partial(self.check, create=False),
+            (stop, self.lost), FALLBACK_POLL_S,
+        )  # fmt: skip
 
     def release(self) -> None:
         for lock in reversed(self._locks):
