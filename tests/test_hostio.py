@@ -202,3 +202,20 @@ def test_a_directory_swapped_for_a_symlink_after_mkdir_never_passes_its_mode_on(
         else:
             ensure_subdir(parent, "rbln")
     assert (victim.stat().st_mode & 0o777) == 0o755
+
+
+async def test_close_ends_the_idle_threads_and_later_calls_still_run(tmp_path: Path) -> None:
+    def host_io_threads() -> int:
+        return sum(t.name == "host-io" for t in threading.enumerate())
+
+    before = host_io_threads()
+    io = HostIO(timeout=5)
+    paths = make_files(tmp_path, ["a", "b"])
+    assert await io.map(reads(paths)) == ["a", "b"]
+    assert io.threads >= 1 and host_io_threads() == before + io.threads
+    io.close()
+    await wait_until(lambda: host_io_threads() == before, 10, "the idle threads to end")
+    assert io.threads == 0
+    assert await io.map(reads(paths[:1])) == ["a"]  # a call after close: a new thread
+    io.close()
+    await wait_until(lambda: host_io_threads() == before, 10, "the new thread to end")

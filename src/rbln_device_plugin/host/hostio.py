@@ -100,7 +100,10 @@ class HostIO:
         self.timeout = timeout
         self._metrics = metrics
         self._max_threads = max_threads
-        self._jobs: queue.SimpleQueue[tuple[_Batch, Callable[[str], None]]] = queue.SimpleQueue()
+        # None asks one idle thread to end (``close``).
+        self._jobs: queue.SimpleQueue[tuple[_Batch, Callable[[str], None]] | None] = (
+            queue.SimpleQueue()
+        )
         self._threads = 0
         self._idle = 0
         self._backlog = 0
@@ -216,9 +219,22 @@ class HostIO:
         if spawn:
             threading.Thread(target=self._worker, name="host-io", daemon=True).start()
 
+    def close(self) -> None:
+        """End the idle threads: a runtime that stops (the daemon's, or one of the many a
+        test process starts) leaves none waiting. A stuck thread ends when its call
+        returns; a call submitted afterwards still runs, on a thread of its own."""
+        with self._count_lock:
+            idle, self._idle = self._idle, 0
+            self._threads -= idle
+        for _ in range(idle):
+            self._jobs.put(None)
+
     def _worker(self) -> None:
         while True:
-            batch, released = self._jobs.get()
+            job = self._jobs.get()
+            if job is None:
+                return
+            batch, released = job
             finished = _work(batch, released)
             with self._count_lock:
                 if self._backlog:

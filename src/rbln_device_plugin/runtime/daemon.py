@@ -148,6 +148,7 @@ async def serve(
     finally:
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
+        hostio.close()
         if health is not None:
             await health.stop(grace=0.2)
 
