@@ -194,3 +194,41 @@ async def test_a_kubelet_directory_that_hangs_never_stalls_the_loop(
     assert await socket_watch.check() is True  # the stat answers again: the restart is seen
     assert restarts == ["restart"]
     kubelet.stop()
+
+
+async def test_a_stat_that_returns_late_never_counts_one_restart_twice(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watch's check and a scan's check at once: the first stat saw the old socket but
+    # answers after the kubelet made its new one.
+    kubelet = Kubelet(short_tmp)
+    kubelet.start()
+    restarts: list[str] = []
+    socket_watch = KubeletSocketWatch(
+        short_tmp, lambda: restarts.append("restart"), HostIO(timeout=10)
+    )
+    await socket_watch.prime()
+    old = watch.file_identity(kubelet.path)
+    release = threading.Event()
+    real_identity = watch.file_identity
+    calls = 0
+
+    def first_is_late(path: Path) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            release.wait(10)
+            return old  # what it read before the kubelet restarted
+        return real_identity(path)
+
+    monkeypatch.setattr(watch, "file_identity", first_is_late)
+    late = asyncio.create_task(socket_watch.check())
+    await wait_until(lambda: calls == 1, 10, "the first stat to start")
+    kubelet.start()  # the restart
+    fresh = asyncio.create_task(socket_watch.check())
+    await asyncio.sleep(0.2)
+    release.set()
+    await asyncio.gather(late, fresh)
+    assert restarts == ["restart"]
+    assert await socket_watch.check() is False  # settled on the new socket
+    kubelet.stop()

@@ -76,6 +76,9 @@ class KubeletSocketWatch:
         self._hostio = hostio
         self.identity: FileIdentity | None = None
         self._primed = False
+        # One check at a time: a stat that returned late with the old socket must not
+        # undo a newer one and count the same restart twice (the watch and each scan check).
+        self._checking = asyncio.Lock()
         self.mode = "starting"  # "inotify" or "poll", for logs and tests
 
     async def prime(self) -> None:
@@ -86,7 +89,10 @@ class KubeletSocketWatch:
 
     async def check(self) -> bool:
         """Compare the socket with the last one seen; True (and the callback) when new."""
-        identity = await self._stat()
+        async with self._checking:
+            return self._compare(await self._stat())
+
+    def _compare(self, identity: FileIdentity | Stalled | None) -> bool:
         if isinstance(identity, Stalled):
             return False
         if not self._primed:
