@@ -4,6 +4,7 @@ bytes, so pytest's deep tmp_path is not always usable) and a loaded machine."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
@@ -30,6 +31,30 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# gRPC's and asyncio's own Python log records (a cancelled RPC, a callback that failed)
+# carry tracebacks whose frames hold gRPC's Cython objects. pytest's log capture keeps
+# every record until the test's teardown ends, after the test's event loop has closed, and
+# freeing gRPC's objects then crashes the process (a segfault in pytest's logging teardown:
+# `pytest tests/test_stop_races.py -k any_point -o log_level=DEBUG` showed it every time,
+# and `-p no:logging` never). So those two libraries' records are turned into text as they
+# are made: the same message and traceback in pytest's reports, no live references.
+_make_record = logging.getLogRecordFactory()
+
+
+def _text_only_record(name: str, *args: Any, **kwargs: Any) -> logging.LogRecord:
+    record = _make_record(name, *args, **kwargs)
+    if name.startswith(("grpc", "asyncio")):
+        record.msg, record.args = record.getMessage(), None
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        record.stack_info = None if record.stack_info is None else str(record.stack_info)
+    return record
+
+
+logging.setLogRecordFactory(_text_only_record)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ scan loop stopped in the middle of a scan leaves no plugin server or socket behi
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 import sys
 from pathlib import Path
@@ -98,13 +97,6 @@ async def test_a_loop_stopped_at_any_point_of_its_first_scan_leaves_no_socket(
         assert manager.plugins == {}
     finally:
         await kubelet.stop()
-        # What a stop at an odd point leaves for the garbage collector (gRPC objects among
-        # it) is freed here, while this test's loop still runs. Two clean-clone runs had a
-        # worker segfault in the teardown of one of these cases, inside the deallocation
-        # pytest's teardown set off after the loop had closed; that this is the cause is a
-        # hypothesis the runs since have not disproved, not a proof (docs/testing.md).
-        gc.collect()
-        await asyncio.sleep(0)
 
 
 async def test_a_scan_that_fails_while_stopping_is_said_and_exits_1_with_sockets_removed(
