@@ -17,7 +17,7 @@ from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 from rbln_device_plugin_sim.state import Fault
 
 from .daemon_process import DaemonProcess
-from .fault_helpers import NPU, VF1, VF4, next_reconcile
+from .fault_helpers import NPU, VF1, VF4, next_reconcile, wait_until
 from .inprocess import daemon_on
 
 REG_FAILED = "Device plugin registration failed; retrying next scan"
@@ -95,6 +95,59 @@ async def test_a_registration_that_never_failed_carries_no_failure_count() -> No
         (record,) = await daemon.await_log(REGISTERED)
     assert "failedAttempts" not in record
     assert not daemon.find(REG_FAILED)
+
+
+OVERTAKEN = "Device plugin registration overtaken by a kubelet restart or a removed socket"
+SOCKET_REMOVED = "Device plugin socket was removed; restarting the plugin"
+
+
+async def silent_kubelet_holding_a_registration(node: SimNode) -> KubeletStub:
+    """A kubelet that has received the daemon's Register and not answered it yet."""
+    kubelet = KubeletStub(node.kubelet_dir)
+    await kubelet.start()
+    kubelet.go_silent()
+    return kubelet
+
+
+async def test_a_kubelet_restart_under_a_registration_is_no_registration_error() -> None:
+    """A storm of kubelet restarts (ci9) cut registrations short; each was an error
+    record although the restart explains it and the daemon registers again anyway."""
+    async with node_without_kubelet("rebel-4") as node:
+        kubelet = await silent_kubelet_holding_a_registration(node)
+        try:
+            async with daemon_on(node, "200ms") as daemon:
+                await wait_until(lambda: bool(kubelet.silent_calls), 10, "a held Register call")
+                await kubelet.restart()  # the held Register is cut off with the old server
+                kubelet.speak()
+                await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+                await daemon.await_log(REGISTERED)
+        finally:
+            await kubelet.stop()
+    assert not [r for r in daemon.records if r["level"] == "error"]
+    assert not daemon.find(REG_FAILED), daemon.find(REG_FAILED)
+    (overtaken,) = daemon.find(OVERTAKEN)
+    assert overtaken["level"] == "debug" and overtaken["resourceName"] == NPU
+
+
+async def test_a_plugin_socket_removed_under_a_registration_is_said_once_as_the_removal() -> None:
+    """The kubelet's call back to a socket that is gone fails the registration: the
+    removal is the news (a warning, and a new socket), not a registration error."""
+    async with node_without_kubelet("rebel-4") as node:
+        kubelet = await silent_kubelet_holding_a_registration(node)
+        try:
+            async with daemon_on(node, "200ms") as daemon:
+                await wait_until(lambda: bool(kubelet.silent_calls), 10, "a held Register call")
+                (node.kubelet_dir / kubelet.silent_calls[0].endpoint).unlink()
+                kubelet.speak()
+                (removed,) = await daemon.await_log(SOCKET_REMOVED)
+                await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        finally:
+            await kubelet.stop()
+    assert not [r for r in daemon.records if r["level"] == "error"]
+    assert not daemon.find(REG_FAILED), daemon.find(REG_FAILED)
+    assert removed["level"] == "warn"
+    (overtaken,) = daemon.find(OVERTAKEN)
+    assert "GetDevicePluginOptions" in str(overtaken["err"]), overtaken
 
 
 async def test_discovery_recovery_is_one_info_record_naming_the_failed_scans() -> None:

@@ -11,7 +11,7 @@ service itself is the ``servicer``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
@@ -195,11 +195,13 @@ class ResourcePlugin:
             ) from None
         self._registered = True
 
-    def register_in_background(self, outcome: Callable[[RegistrationError | None], None]) -> None:
+    def register_in_background(
+        self, outcome: Callable[[RegistrationError | None], Awaitable[None]]
+    ) -> None:
         """Register in a task of its own unless registered or registering already.
 
-        ``outcome`` hears how the attempt ended (None: registered) before the next
-        attempt may start.
+        ``outcome`` hears how the attempt ended (None: registered), and finishes, before
+        the next attempt may start.
         """
         if self._registered or self._registration is not None:
             return
@@ -207,14 +209,16 @@ class ResourcePlugin:
             self._register_once(outcome), name=f"register {self.resource}"
         )
 
-    async def _register_once(self, outcome: Callable[[RegistrationError | None], None]) -> None:
+    async def _register_once(
+        self, outcome: Callable[[RegistrationError | None], Awaitable[None]]
+    ) -> None:
         try:
             try:
                 await self.register()
             except RegistrationError as exc:
-                outcome(exc)
+                await outcome(exc)
             else:
-                outcome(None)
+                await outcome(None)
                 load_deferred()
         finally:
             self._registration = None

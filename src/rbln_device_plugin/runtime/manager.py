@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
+from rbln_device_plugin.host.paths import FileIdentity
 from rbln_device_plugin.host.scan import DiscoveryError, Scanner
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.plugin import RegistrationError, ResourcePlugin
@@ -292,23 +293,50 @@ class Manager:
                 )  # fmt: skip
         await plugin.update(devices)
         if not self._kubelet_down:
-            plugin.register_in_background(partial(self._registration_ended, plugin))
+            kubelet = self.kubelet_socket_watch.identity  # the kubelet this attempt talks to
+            plugin.register_in_background(partial(self._registration_ended, plugin, kubelet))
 
-    def _registration_ended(
-        self, plugin: ResourcePlugin, failure: RegistrationError | None
+    async def _registration_ended(
+        self,
+        plugin: ResourcePlugin,
+        kubelet: FileIdentity | None,
+        failure: RegistrationError | None,
     ) -> None:
         streak = self._registration_failures.setdefault(plugin.resource, FailureStreak())
-        if failure is not None:
-            self._metrics.registration(plugin.resource, m.REGISTRATION_FAILED)
-            # A kubelet that is not there fails every scan: say it once per reason.
-            emit = log.error if streak.failed(str(failure)) else log.debug
-            emit(
-                "Device plugin registration failed; retrying next scan",
-                resourceName=plugin.resource, err=failure, failedAttempts=streak.failures,
-            )  # fmt: skip
-        else:
+        if failure is None:
             self._metrics.registration(plugin.resource, m.OK)
             plugin.announce(failed_attempts=streak.succeeded())
+            return
+        self._metrics.registration(plugin.resource, m.REGISTRATION_FAILED)
+        if await self._registration_overtaken(plugin, kubelet):
+            # A kubelet that restarts cleans its directory, our socket with it, and its
+            # call back to us fails: the restart's own records say what happens next.
+            log.debug(
+                "Device plugin registration overtaken by a kubelet restart or a removed socket",
+                resourceName=plugin.resource, err=failure,
+            )  # fmt: skip
+            return
+        # A kubelet that is not there fails every scan: say it once per reason.
+        emit = log.error if streak.failed(str(failure)) else log.debug
+        emit(
+            "Device plugin registration failed; retrying next scan",
+            resourceName=plugin.resource, err=failure, failedAttempts=streak.failures,
+        )  # fmt: skip
+
+    async def _registration_overtaken(
+        self, plugin: ResourcePlugin, kubelet: FileIdentity | None
+    ) -> bool:
+        """True when the kubelet the attempt talked to went away or restarted under it,
+        or the plugin's socket is gone: each is said on its own and starts it again."""
+        watch = self.kubelet_socket_watch
+        await watch.check()
+        if self._restart_pending or self._kubelet_down:
+            return True
+        if self.plugins.get(plugin.resource) is not plugin:
+            return True
+        if kubelet is not None and watch.identity != kubelet:
+            return True
+        return not await plugin.socket_intact()
 
     def _stream_lost(self, plugin: ResourcePlugin) -> None:
         """The kubelet's stream of ``plugin`` ended: a restart, or a stream lost alone."""
