@@ -206,6 +206,7 @@ async def measure(
     command = [*prefix, sys.executable, "-m", "bench.allocate_steps", "--daemon"]
     results = []
     tracees: list[int] = []
+    stack = contextlib.ExitStack()
     try:
         async with node_with_daemon(
             preset("atom-max-8"), "1h", lambda node: tools.append(fastsmi.install(node)),
@@ -214,6 +215,8 @@ async def measure(
             await kubelet.wait_for(npu, lambda v: len(v.devices) == 32, 30)
             tool = tools[0]
             target = f"unix:{node.kubelet_dir / socket_name(npu)}"
+            lock_fd = os.open(node.root / "floor.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+            stack.callback(os.close, lock_fd)
             async with grpc.aio.insecure_channel(target) as channel:
                 stub = api_pb2_grpc.DevicePluginStub(channel)
                 for _ in range(50):
@@ -226,7 +229,7 @@ async def measure(
                         )
                         for c in range(containers)
                     ]
-                    floor = floors(await unary_ms(stub), spawn_overhead_ms(tool))
+                    floor = floors(await unary_ms(stub), spawn_overhead_ms(tool, lock_fd))
                     tool.ungroup()
                     tool.clear()
                     began = time.perf_counter()
@@ -243,6 +246,7 @@ async def measure(
                 children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children")
                 tracees = [int(pid) for pid in children.read_text().split()]
     finally:
+        stack.close()
         steps_file.unlink(missing_ok=True)
     for pid in tracees:
         with contextlib.suppress(ProcessLookupError):
@@ -259,14 +263,19 @@ async def unary_ms(stub: Any) -> float:
     return (time.perf_counter() - began) * 1000
 
 
-def spawn_overhead_ms(tool: Any) -> float:
-    """One ``-g -j`` spawned from here with ``subprocess.run``, minus the tool's own
-    time: what starting and reaping one run costs a plain Python process."""
+def spawn_overhead_ms(tool: Any, lock_fd: int) -> float:
+    """One ``-g -j`` spawned from here with ``subprocess.run`` and the daemon's Popen
+    arguments (stdin closed, both pipes, a process group of its own, one inherited
+    descriptor), minus the tool's own time: what starting and reaping one run costs a
+    plain Python process."""
     import subprocess
 
     tool.clear()
     began = time.perf_counter()
-    subprocess.run([str(tool.path), "-g", "-j"], capture_output=True, check=True)
+    subprocess.run(
+        [str(tool.path), "-g", "-j"], stdin=subprocess.DEVNULL, capture_output=True,
+        process_group=0, pass_fds=(lock_fd,), check=True,
+    )  # fmt: skip
     wall = (time.perf_counter() - began) * 1000
     own = sum(end - start for start, end in tool.recorded()) / 1e6
     tool.clear()
