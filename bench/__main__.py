@@ -24,6 +24,7 @@ from . import (
     bench_preferred,
     bench_scan,
     bench_topology,
+    cli,
 )
 
 Row = dict[str, Any]
@@ -66,9 +67,10 @@ def machine() -> str:
 
 
 def main(argv: list[str]) -> int:
-    quick = "--quick" in argv
-    # The fast-rbln-smi idle window: 600 s in a full run, 15 s quick, or as given.
-    idle_window = float(argv[argv.index("--idle-window") + 1]) if "--idle-window" in argv else None
+    p = cli.parser(__doc__)
+    cli.idle_window(p)
+    args = p.parse_args(argv)
+    quick, idle_window = args.quick, args.idle_window
     sections: list[tuple[str, Callable[[bool], list[Row]]]] = [
         ("scan", scan_rows),
         ("preferred allocation", topology_rows),

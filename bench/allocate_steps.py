@@ -27,6 +27,7 @@ The hooks only time; they change nothing the daemon does.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import functools
@@ -299,12 +300,18 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--daemon"]:
         daemon_main()
         return 0
-    calls = int(argv[argv.index("--calls") + 1]) if "--calls" in argv else 100
-    containers = int(argv[argv.index("--containers") + 1]) if "--containers" in argv else 1
-    # --strace FILE: the daemon under ``strace -f -tt -T`` (its figures then include strace's).
-    prefix = []
-    if "--strace" in argv:
-        prefix = ["strace", "-f", "-tt", "-T", "-o", argv[argv.index("--strace") + 1]]
+    p = argparse.ArgumentParser(description=(__doc__ or "").strip().split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=100, help="Allocate calls (default 100)")
+    p.add_argument("--containers", type=int, default=1, help="containers per call (default 1)")
+    p.add_argument(
+        "--strace", metavar="FILE",
+        help="run the daemon under strace -f -tt -T into FILE (its figures include strace's)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    if args.calls < 1 or args.containers < 1:
+        p.error("--calls and --containers must be at least 1")
+    calls, containers = args.calls, args.containers
+    prefix = ["strace", "-f", "-tt", "-T", "-o", args.strace] if args.strace else []
     results = asyncio.run(measure(calls, containers, prefix))
     runs = statistics.median(r["runs"] for r in results)
     hops = statistics.median(r["hops"] for r in results)

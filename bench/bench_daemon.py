@@ -27,6 +27,8 @@ from rbln_device_plugin_sim.layout import Layout, generate, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 from rbln_device_plugin_sim.processes import stop_process
 
+from . import cli
+
 NPU = "rebellions.ai/npu"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 Row = dict[str, Any]
@@ -243,4 +245,4 @@ def print_rows(rows: list[Row]) -> None:
 
 
 if __name__ == "__main__":
-    print_rows(run(quick="--quick" in sys.argv))
+    print_rows(run(quick=cli.quick(__doc__)))

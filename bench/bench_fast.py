@@ -33,6 +33,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,13 @@ from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
-from . import fastsmi
+from . import cli, fastsmi
 from .bench_daemon import node_with_daemon, rss_mib
 from .rows import floor_row
 
 NPU = "rebellions.ai/npu"
 Row = dict[str, Any]
+PARTS = ("allocate", "start", "idle")
 IDLE_WINDOW_S = 600.0  # the full run's idle window: schedstat resolves 0.001 % over it
 
 
@@ -270,19 +272,26 @@ async def main_async(
 def run(
     quick: bool = False,
     idle_window: float | None = None,
-    parts: tuple[str, ...] = ("allocate", "start", "idle"),
+    parts: tuple[str, ...] = PARTS,
 ) -> list[Row]:
     return asyncio.run(main_async(quick, idle_window, parts))
 
 
-def _window(argv: list[str]) -> float | None:
-    if "--idle-window" in argv:
-        return float(argv[argv.index("--idle-window") + 1])
-    return None
+def main(argv: Sequence[str] | None = None) -> int:
+    p = cli.parser(__doc__)
+    cli.idle_window(p)
+    p.add_argument(
+        "--only", type=lambda v: tuple(v.split(",")), default=PARTS, metavar="PARTS",
+        help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.only) - set(PARTS))
+    if unknown:
+        p.error(f"unknown part(s) {','.join(unknown)}; choose from {','.join(PARTS)}")
+    for r in run(quick=args.quick, idle_window=args.idle_window, parts=args.only):
+        print(f"{r['metric']:<58} {r['value']:>9.3f} {r['unit']:<4} {r['note']}")
+    return 0
 
 
 if __name__ == "__main__":
-    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
-    chosen = tuple(only) if only else ("allocate", "start", "idle")
-    for r in run(quick="--quick" in sys.argv, idle_window=_window(sys.argv), parts=chosen):
-        print(f"{r['metric']:<58} {r['value']:>9.3f} {r['unit']:<4} {r['note']}")
+    raise SystemExit(main())

@@ -26,6 +26,7 @@ import structlog.testing
 
 from rbln_device_plugin.telemetry.metrics_http import MetricsEndpoint
 
+from . import cli
 from .bench_lean import row
 
 BODY = ("# TYPE x gauge\n" + "".join(f'x{{device="rbln{i}"}} 1\n' for i in range(1300)))[
@@ -131,5 +132,5 @@ def run(quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
+    for r in run(quick=cli.quick(__doc__)):
         print(f"{r['metric']:<72} {r['value']:>9.3f} {r['unit']:<5} {r['note']}")

@@ -39,6 +39,7 @@ from rbln_device_plugin.model.devicetable import DeviceTable
 from rbln_device_plugin_sim.layout import generate
 from rbln_device_plugin_sim.node import materialize, short_tempdir
 
+from . import cli
 from .bench_daemon import (
     daemon_with_timed_smi,
     fast_smi,
@@ -322,5 +323,5 @@ def run(quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
+    for r in run(quick=cli.quick(__doc__)):
         print(f"{r['metric']:<66} {r['value']:>9.3f} {r['unit']:<5} {r['note']}")

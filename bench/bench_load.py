@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import Layout, SimDevice, generate, make_vfs
 
+from . import cli
 from .bench_daemon import Row, fast_smi, node_with_daemon, rss_mib
 
 NPU = "rebellions.ai/npu"
@@ -141,5 +141,5 @@ def run(quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
+    for r in run(quick=cli.quick(__doc__)):
         print(f"{r['metric']:<48} {r['value']:>10.2f} {r['unit']:<6} {r['note']}")

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import socket
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.kubelet.plugin import socket_name
 from rbln_device_plugin_sim.layout import generate
 
+from . import cli
 from .bench_daemon import fast_smi, node_with_daemon, rss_mib
 from .bench_lean import FloorProcess, cpu_percent, row
 
@@ -210,5 +210,5 @@ def run(quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
+    for r in run(quick=cli.quick(__doc__)):
         print(f"{r['metric']:<72} {r['value']:>9.3f} {r['unit']:<5} {r['note']}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from grpc import aio
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin_sim.layout import Layout
 
+from . import cli
 from .bench_daemon import fast_smi, node_with_daemon
 from .layouts import node_64, node_64_half_unreadable, node_128
 
@@ -179,5 +179,5 @@ def run(quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for row in run(quick="--quick" in sys.argv):
+    for row in run(quick=cli.quick(__doc__)):
         print(f"{row['metric']:<60} {row['value']:>9.2f} {row['unit']:<3} {row['note']}")

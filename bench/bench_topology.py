@@ -12,10 +12,10 @@ Run: ``.venv/bin/python -m bench.bench_topology [--quick]``.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from typing import Any
 
+from bench import cli
 from bench.bench_preferred import requests_for
 from bench.layouts import candidates, node_64, node_64_half_unreadable, node_128
 from rbln_device_plugin.topology import Topology
@@ -71,5 +71,5 @@ def run(quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for row in run(quick="--quick" in sys.argv):
+    for row in run(quick=cli.quick(__doc__)):
         print(f"{row['metric']:<64} {row['value']:>9.3f} {row['unit']:<3} {row['note']}")

@@ -40,3 +40,23 @@ def test_the_allocate_breakdown_runs_and_reports_every_step() -> None:
     expected = {"gRPC", "checks", "lock", "spawn", "tool", "reap", "parse", "node", "rest"}
     assert expected | {"handler", "total", "share"} <= steps, done.stdout
     assert "thread hops 2" in done.stdout, done.stdout
+
+
+BENCH_MODULES = [
+    "bench", "bench.allocate_steps", "bench.bench_daemon", "bench.bench_fast",
+    "bench.bench_http", "bench.bench_lean", "bench.bench_load", "bench.bench_metrics",
+    "bench.bench_preferred", "bench.bench_topology",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("module", BENCH_MODULES)
+def test_help_and_a_mistyped_flag_never_start_a_run(module: str) -> None:
+    # Before, each benchmark looked for its flags in sys.argv by hand: `--help` or a
+    # mistyped flag started a run of several minutes with the defaults.
+    for argv, code in ((["--help"], 0), (["--qiuck"], 2)):
+        done = subprocess.run(
+            [sys.executable, "-m", module, *argv],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == code, (argv, done.stdout[-2000:], done.stderr[-2000:])
+        assert "usage:" in (done.stdout if code == 0 else done.stderr)
