@@ -27,6 +27,8 @@ from rbln_device_plugin.model.inventory import inventory_from, screen
 from rbln_device_plugin_sim.layout import generate
 from rbln_device_plugin_sim.node import materialize
 
+from . import cli
+
 SIZES = (32, 64)
 RUNS = 1000
 WARMUP = 50
@@ -97,6 +99,7 @@ def run(sizes: tuple[int, ...] = SIZES, runs: int = RUNS) -> list[dict[str, Any]
 
 
 def main() -> None:
+    cli.parser(__doc__).parse_args()  # no flag of its own: --help, or a clear refusal
     print(f"{'case':<24} {'devices':>7} {'runs':>5} {'median ms':>10} {'p99 ms':>8} {'max ms':>8}")
     for row in run():
         print(
