@@ -97,6 +97,7 @@ def _install_hooks(out: Path) -> None:
     container = allocate.Allocator._container
     allocate.Allocator._container = _timed_async("container", container)  # type: ignore[method-assign]
     proc._start = _timed("spawn", proc._start)
+    proc._Child.__init__ = _timed("watch", proc._Child.__init__)  # type: ignore[method-assign]
     proc._Child.collect = _timed_async("collect", proc._Child.collect)  # type: ignore[method-assign]
     rsd.parse_groups = _timed("parse", rsd.parse_groups)
     rsd.check_mapping = _timed("parse", rsd.check_mapping)
@@ -178,6 +179,7 @@ def breakdown(
     }
     steps["rest"] = handler - sum(v for k, v in steps.items() if k != "gRPC")
     steps["handler"] = handler
+    steps["popen"] = total("spawn") - total("watch")  # spawn minus the pipes' set-up
     steps["total"] = client_ms
     steps["share"] = client_ms - tool
     steps["runs"] = len(tool_runs)
@@ -204,6 +206,7 @@ async def measure(
     command = [*prefix, sys.executable, "-m", "bench.allocate_steps", "--daemon"]
     results = []
     tracees: list[int] = []
+    stack = contextlib.ExitStack()
     try:
         async with node_with_daemon(
             preset("atom-max-8"), "1h", lambda node: tools.append(fastsmi.install(node)),
@@ -212,6 +215,8 @@ async def measure(
             await kubelet.wait_for(npu, lambda v: len(v.devices) == 32, 30)
             tool = tools[0]
             target = f"unix:{node.kubelet_dir / socket_name(npu)}"
+            lock_fd = os.open(node.root / "floor.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+            stack.callback(os.close, lock_fd)
             async with grpc.aio.insecure_channel(target) as channel:
                 stub = api_pb2_grpc.DevicePluginStub(channel)
                 for _ in range(50):
@@ -224,6 +229,7 @@ async def measure(
                         )
                         for c in range(containers)
                     ]
+                    floor = floors(await unary_ms(stub), spawn_overhead_ms(tool, lock_fd))
                     tool.ungroup()
                     tool.clear()
                     began = time.perf_counter()
@@ -232,13 +238,15 @@ async def measure(
                     await asyncio.sleep(0.02)  # the daemon's record is written after the reply
                     lines = steps_file.read_text().splitlines()
                     if call >= 5:
-                        results.append(breakdown(json.loads(lines[-1]), client_ms, tool.recorded()))
+                        steps = breakdown(json.loads(lines[-1]), client_ms, tool.recorded())
+                        results.append({**steps, **floor})
             # Under strace the daemon is strace's child; strace detaches from it when it
             # is stopped, so the daemon is stopped here by its own pid.
             if prefix:
                 children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children")
                 tracees = [int(pid) for pid in children.read_text().split()]
     finally:
+        stack.close()
         steps_file.unlink(missing_ok=True)
     for pid in tracees:
         with contextlib.suppress(ProcessLookupError):
@@ -246,9 +254,41 @@ async def measure(
     return results
 
 
+async def unary_ms(stub: Any) -> float:
+    """One GetDevicePluginOptions on the same channel: the unary RPC floor."""
+    from rbln_device_plugin.api.v1beta1 import api_pb2
+
+    began = time.perf_counter()
+    await stub.GetDevicePluginOptions(api_pb2.Empty())
+    return (time.perf_counter() - began) * 1000
+
+
+def spawn_overhead_ms(tool: Any, lock_fd: int) -> float:
+    """One ``-g -j`` spawned from here with ``subprocess.run`` and the daemon's Popen
+    arguments (stdin closed, both pipes, a process group of its own, one inherited
+    descriptor), minus the tool's own time: what starting and reaping one run costs a
+    plain Python process."""
+    import subprocess
+
+    tool.clear()
+    began = time.perf_counter()
+    subprocess.run(
+        [str(tool.path), "-g", "-j"], stdin=subprocess.DEVNULL, capture_output=True,
+        process_group=0, pass_fds=(lock_fd,), check=True,
+    )  # fmt: skip
+    wall = (time.perf_counter() - began) * 1000
+    own = sum(end - start for start, end in tool.recorded()) / 1e6
+    tool.clear()
+    return wall - own
+
+
+def floors(unary: float, spawn: float) -> dict[str, float]:
+    return {"floor unary": unary, "floor spawn": spawn}
+
+
 def summary(results: list[dict[str, float]]) -> list[tuple[str, float, float]]:
     """(step, p50 ms, mean ms) for each step, then the handler, the total and the share."""
-    names = [*STEP_ORDER, "handler", "total", "share"]
+    names = [*STEP_ORDER, "handler", "total", "share", "popen", "floor unary", "floor spawn"]
     return [
         (n, statistics.median(r[n] for r in results), statistics.fmean(r[n] for r in results))
         for n in names
@@ -271,9 +311,16 @@ def main(argv: list[str]) -> int:
     load = os.getloadavg()[0]
     print(f"Allocate, {containers} container(s) of 2 devices, {calls} calls, load {load:.2f}; "
           f"rbln-smi runs per call {runs:g}, thread hops {hops:g}")  # fmt: skip
-    print(f"{'step':<10} {'p50 ms':>8} {'mean ms':>8}")
-    for name, p50, mean in summary(results):
-        print(f"{name:<10} {p50:>8.3f} {mean:>8.3f}")
+    print(f"{'step':<12} {'p50 ms':>8} {'mean ms':>8}")
+    rows = summary(results)
+    for name, p50, mean in rows:
+        print(f"{name:<12} {p50:>8.3f} {mean:>8.3f}")
+    p50 = {name: value for name, value, _ in rows}
+    share_floor = p50["floor unary"] + runs * p50["floor spawn"]
+    print(f"daemon share p50 {p50['share']:.3f} ms; floor {share_floor:.3f} ms (one unary RPC "
+          f"{p50['floor unary']:.3f} + {runs:g} x {p50['floor spawn']:.3f} ms to start and reap "
+          f"the tool from plain Python, interleaved): {p50['share'] / share_floor:.2f}x; "
+          f"against the unary RPC alone {p50['share'] / p50['floor unary']:.2f}x")  # fmt: skip
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rbln_device_plugin import __version__, config
+from rbln_device_plugin import __version__, config, options
 from rbln_device_plugin.telemetry import logs
 
 from .daemon_process import DaemonProcess
@@ -39,6 +40,39 @@ def test_help_goes_to_stderr_and_lists_every_flag() -> None:
         assert option.flag in help_text
         assert f"env {option.env}" in help_text
         assert f"default {option.help_default}" in help_text
+
+
+@pytest.mark.parametrize("columns", [None, "60", "140", "0", "-3", "wide"])
+def test_help_is_as_wide_as_with_argparse_s_own_lookup(
+    monkeypatch: pytest.MonkeyPatch, columns: str | None
+) -> None:
+    # The width is found without shutil (see the next test) but must be the one
+    # argparse's own lookup finds: $COLUMNS, else the terminal, else 80, minus 2.
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    parser = options.daemon_parser()
+    ours = parser.format_help()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    with_argparse_width = parser.format_help()
+    wrapped = options._HelpFormatter("x")
+    assert wrapped._width == argparse.HelpFormatter("x")._width
+    # The same text wherever the flags' help has no hyphenated words to keep whole.
+    assert len(ours.splitlines()[0]) == len(with_argparse_width.splitlines()[0])
+
+
+def test_parsing_the_daemon_flags_loads_no_compression_modules() -> None:
+    # argparse's terminal lookup imports shutil, and shutil bz2 and lzma: 0.5 MiB of a
+    # daemon's idle memory for a width it never prints.
+    probe = (
+        "import sys; from rbln_device_plugin import options; options.daemon_parser(); "
+        "print(sorted(m for m in ('shutil', 'bz2', 'lzma') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert result.stdout.strip() == "[]"
 
 
 def test_help_shows_defaults_and_limits_as_the_readme_does() -> None:

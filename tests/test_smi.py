@@ -191,6 +191,22 @@ async def test_timeout_kills_the_tool_and_its_children(tmp_path: Path) -> None:
         await wait_until(lambda pid=pid: not alive(pid), 30, f"process {pid} to be gone")
 
 
+async def test_the_tool_leads_a_process_group_of_its_own(tmp_path: Path) -> None:
+    # What the kills above rely on: a group holding the tool and whatever it starts,
+    # apart from the daemon's, so that killing it never reaches the daemon itself. A
+    # group in the daemon's session: a session per run would cost a scheduling group per
+    # run where the kernel's autogroup is on (docs/performance.md).
+    tool = write_tool(
+        tmp_path,
+        "print(json.dumps([os.getpid(), os.getpgid(0), os.getpgid(os.getppid()), "
+        "os.getsid(0), os.getsid(os.getppid())]))",
+    )
+    pid, group, parent_group, session, parent_session = json.loads(await run_smi(tool, ["-j"], 30))
+    assert group == pid
+    assert parent_group == os.getpgid(0) != group
+    assert session == parent_session
+
+
 async def test_cancellation_kills_the_tool(tmp_path: Path) -> None:
     tool, pidfile = write_pid_tool(tmp_path, "time.sleep(3600)")
     task = asyncio.create_task(run_smi(tool, ["-j"], 30))

@@ -9,6 +9,7 @@ log records or for ``inspect``'s report.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -45,8 +46,36 @@ class _StderrParser(argparse.ArgumentParser):
         super().print_help(sys.stderr)
 
 
+def terminal_columns() -> int:
+    """The width help is wrapped to, found as ``shutil.get_terminal_size`` finds it
+    ($COLUMNS, else stdout's terminal, else 80) without importing ``shutil``: argparse
+    builds a formatter for every flag it adds, and its own lookup imports ``shutil``,
+    which loads ``bz2`` and ``lzma`` (0.5 MiB the daemon would keep for life)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Never breaks a path or flag name at its hyphens."""
+    """Never breaks a path or flag name at its hyphens; the width as argparse's own."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        # argparse's default, ``shutil.get_terminal_size().columns - 2``, by hand.
+        width = terminal_columns() - 2 if width is None else width
+        super().__init__(prog, indent_increment, max_help_position, width)
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)

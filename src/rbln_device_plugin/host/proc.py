@@ -1,7 +1,11 @@
 """A bounded subprocess run: no shell, stdin closed, a deadline, an output cap.
 
-The tool runs in a session of its own, so on timeout, oversized output or cancellation
-the whole process group is killed, helpers that would hold our pipes open included.
+The tool runs in a process group of its own, so on timeout, oversized output or
+cancellation the whole group is killed, helpers that would hold our pipes open included.
+A group, not a session: ``setsid`` does the same for ``killpg`` but costs more per run
+(where the kernel's autogroup scheduling is on, each new session is a new scheduling
+group: 0.3-0.5 ms a run on a loaded machine, see docs/performance.md), and the tool has
+no terminal to be detached from (stdin is /dev/null, its output goes to pipes).
 Nothing here knows which tool it runs: ``smi`` adds rbln-smi's lookup, metrics and JSON.
 """
 
@@ -169,7 +173,7 @@ class _Child:
         return stdout, stderr, self._returncode
 
     async def kill_and_reap(self, tool: str) -> None:
-        # The tool runs in its own session, so the whole group goes, including helpers
+        # The tool leads a process group of its own, so the whole group goes, including helpers
         # that would otherwise keep our pipes open; the pipes are drained, not kept.
         self._discard = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -207,7 +211,7 @@ def _start(binary: Path, args: Sequence[str], pass_fds: Sequence[int], cap: int)
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        start_new_session=True,
+        process_group=0,
         pass_fds=tuple(pass_fds),
     )
     try:
