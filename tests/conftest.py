@@ -17,8 +17,13 @@ from typing import Any
 import pytest
 import structlog
 
-from . import kubelet_peer
-from .realnode.fixtures import prepare_session, realnode, realnode_plugin
+# Before the imports below: the bytecode of what they import is cached too.
+from . import bytecode
+
+bytecode.cache_outside_the_tree()
+
+from . import kubelet_peer  # noqa: E402
+from .realnode.fixtures import prepare_session, realnode, realnode_plugin  # noqa: E402
 
 # The real-node cluster fixtures (tests/realnode/fixtures.py), for every test module.
 __all__ = ["realnode", "realnode_plugin"]
@@ -103,6 +108,11 @@ def parallel_group(nodeid: str) -> str:
     if nodeid.rsplit("/", 1)[-1].split("[")[0] in MACHINE_LOAD_TESTS:
         return MACHINE_LOAD
     return module if module in SHARED_MODULES else nodeid
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # once per run, before any worker starts
+        bytecode.compile_sources()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -19,6 +19,8 @@ sees (``shared`` in the test modules: a module-scoped fixture on the module's lo
 ``InProcess.for_test`` for each test's view of it); a test that faults a device or
 changes the node gets its own.
 
+``managing`` (at the end) is the layer under it: the scan loop alone with scripted scans.
+
 What only a process shows (exit codes, signals, the stderr relay, a blocked stdout, the
 lock between processes, ``cli``'s start-up records) stays with ``simnode.running``.
 """
@@ -35,14 +37,19 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from rbln_device_plugin import options
 from rbln_device_plugin.config import Config
+from rbln_device_plugin.host.scan import ScanResult
+from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.runtime import daemon as runtime
+from rbln_device_plugin.runtime.manager import Manager, ScanHooks
 from rbln_device_plugin.telemetry import logs
+from rbln_device_plugin.telemetry.tracing import disabled
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import Layout, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
@@ -290,3 +297,81 @@ async def running(
     finally:
         await kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the scan loop alone
+# The layer under ``running``: only the Manager (scan loop, plugins, kubelet
+# registration) on the test's loop against the kubelet stub, its scans answered by a
+# script instead of rbln-smi and sysfs, for what no simulated node can be made to do on
+# cue (a scanner that raises a bug's exception, scans slower than the interval). Records
+# go to structlog's own capture (``structlog.testing.capture_logs``).
+
+
+class ScriptedScanner:
+    """Answers scans from a script: a list of results, exceptions or delays."""
+
+    def __init__(self, answer: Callable[[int], ScanResult]) -> None:
+        self.answer = answer
+        self.calls = 0
+        self.running = 0
+        self.max_running = 0
+
+    async def scan(self) -> ScanResult:
+        self.calls += 1
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await asyncio.sleep(0)
+            return self.answer(self.calls)
+        finally:
+            self.running -= 1
+
+
+@asynccontextmanager
+async def managing(
+    tmp: Path, scanner: ScriptedScanner, interval: str = "50ms"
+) -> AsyncIterator[tuple[Manager, KubeletStub]]:
+    """A Manager running its scan loop against a kubelet stub until the block ends."""
+    config = options.parse(
+        ["--kubelet-device-plugin-path", str(tmp / "kubelet"), "--cdi-root", str(tmp / "cdi"),
+         "--sysfs-root", str(tmp / "sys"), "--dev-root", str(tmp / "dev"),
+         f"--device-scan-interval={interval}"],
+        {},
+    )  # fmt: skip
+    kubelet = KubeletStub(config.kubelet_dir)
+    await kubelet.start()
+    manager = Manager(
+        SharedServices(config, disabled().tracer),
+        ScanHooks(first_scan=_nothing),
+        scanner,  # type: ignore[arg-type]
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    try:
+        yield manager, kubelet
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)  # a hang guard: the loop stops at once
+        await kubelet.stop()
+
+
+async def _nothing() -> None:
+    pass
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Poll a counter of the scripted scanner (nothing announces it)."""
+    try:
+        async with asyncio.timeout(30):  # a hang guard, not a claim about speed
+            while not condition():  # noqa: ASYNC110 - polling a plain predicate
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"no {what} within 30 s") from None
+
+
+async def run_manager(
+    tmp: Path, scanner: ScriptedScanner, stop_when: Callable[[], bool], interval: str = "50ms"
+) -> tuple[Manager, KubeletStub]:
+    async with managing(tmp, scanner, interval) as (manager, kubelet):
+        await until(stop_when, "the scripted scans")
+    return manager, kubelet

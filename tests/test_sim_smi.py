@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from rbln_device_plugin_sim import smi_exe, smi_tool
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
-from rbln_device_plugin_sim.state import Fault, StateError
+from rbln_device_plugin_sim.state import Fault, StateError, StateStore
 
 
 @pytest.fixture
@@ -221,3 +226,100 @@ def test_the_tool_still_runs_after_the_node_moves_its_cwd(node: SimNode, tmp_pat
         [str(node.smi_path), "-j"], capture_output=True, text=True, cwd=tmp_path, check=False
     )
     assert result.returncode == 0 and json.loads(result.stdout)["devices"]
+
+
+# ---------------------------------------------------------------- the quick listing
+# smi_exe answers the listing with json and os only; smi_tool is what every answer must
+# be. The oracle: smi_tool run on the same state file and arguments.
+def _full_answer(state_path: Path, argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = smi_tool.run(argv, StateStore(state_path), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+_JSON_SCALARS = st.none() | st.booleans() | st.integers(-3, 300) | st.text(max_size=4)
+_VARIANTS = st.sampled_from(
+    [
+        "as-is",
+        "no-KMD_version",
+        "KMD_version",  # replaced by a drawn value
+        "no-dev_root",
+        "no-devices",
+        "devices",  # replaced by a drawn value
+        "a-device",  # one record replaced by a drawn value
+        "no-group_id",
+        "faults",  # replaced by a drawn value
+        "a-fault",
+        "char_major",  # replaced by a drawn value
+        "not-an-object",
+        "not-json",
+    ]
+)
+
+
+def test_the_quick_listing_answers_as_smi_tool_or_leaves_it_to_smi_tool() -> None:
+    root = short_tempdir("rbln-t-")
+    try:
+        node = materialize(preset("rebel-4"), root / "n")
+        with node.store.transaction() as state:  # a device in a group: -g -j differs from -j
+            state.devices[0]["group_id"] = "3"
+        _check_quick_listing(root / "smi-state.json", node.state_path.read_text())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _check_quick_listing(state_path: Path, pristine: str) -> None:
+    @given(
+        variant=_VARIANTS,
+        value=_JSON_SCALARS | st.lists(_JSON_SCALARS, max_size=2),
+        argv=st.sampled_from([["-j"], ["-g", "-j"], ["-j", "-g"], ["-j", "-x"], []]),
+    )
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    def check(variant: str, value: Any, argv: list[str]) -> None:
+        data: Any = json.loads(pristine)
+        if variant.startswith("no-") and variant != "no-group_id":
+            del data[variant[3:]]
+        elif variant in ("KMD_version", "devices", "faults", "char_major"):
+            data[variant] = value
+        elif variant == "a-device":
+            data["devices"][1] = value
+        elif variant == "no-group_id":
+            data["devices"][0].pop("group_id")
+        elif variant == "a-fault":
+            data["faults"] = [Fault("error", ("group-create",)).to_dict()]
+        elif variant == "not-an-object":
+            data = [data]
+        state_path.write_text("{broken" if variant == "not-json" else json.dumps(data))
+        quick = smi_exe.quick_listing(argv, str(state_path))
+        try:
+            full = _full_answer(state_path, argv)
+        except Exception:  # smi_tool breaks on this state: the quick path must not answer
+            assert quick is None
+            return
+        if quick is not None:
+            assert full == (0, quick, "")
+        else:  # left to smi_tool: what it refuses, or what the quick check is unsure of
+            assert variant != "as-is" or argv not in (["-j"], ["-g", "-j"], ["-j", "-g"])
+
+    check()
+
+
+def test_a_listing_from_the_executable_imports_neither_smi_tool_nor_dataclasses(
+    node: SimNode,
+) -> None:
+    # What the executable runs, plus a look at what it imported: the quick path at work.
+    heavy = "{'dataclasses', 'pathlib', 'rbln_device_plugin_sim.smi_tool'}"
+    script = node.smi_path.read_text().replace("sys.exit(main(", "code = (main(")
+    script += f"print(sorted({heavy} & set(sys.modules)), code)\n"
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script, "-g", "-j"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    *_, last = result.stdout.splitlines()
+    assert last == "[] 0", result.stderr
+    node.inject_fault(Fault("error", ("list",), exit_code=5, message="busy"))
+    faulted = subprocess.run(
+        [sys.executable, "-S", "-c", script, "-j"], capture_output=True, text=True, timeout=30
+    )
+    assert faulted.stdout.splitlines()[-1].endswith(" 5") and "smi_tool" in faulted.stdout
+    assert faulted.stderr == "busy\n"

@@ -129,12 +129,12 @@ def write_smi_script(node: NodePaths, interpreter: str | None = None) -> None:
         )
         src_dir = copy.parent
     # -S skips site-packages: the fake tool needs only the stdlib and the simulator
-    # package, and it starts on every scan.
+    # package, and it starts on every scan (smi_exe says why it imports so little).
     script = (
         f"#!{interpreter or sys.executable} -S\n"
         "import sys\n"
         f"sys.path.insert(0, {str(src_dir)!r})\n"
-        "from rbln_device_plugin_sim.smi_tool import main\n"
+        "from rbln_device_plugin_sim.smi_exe import main\n"
         f"sys.exit(main(sys.argv[1:], {str(node.state_path)!r}))\n"
     )
     node.smi_path.write_text(script, encoding="utf-8")
