@@ -120,13 +120,15 @@ async def test_a_kubelet_restart_under_a_registration_is_no_registration_error()
                 await kubelet.restart()  # the held Register is cut off with the old server
                 kubelet.speak()
                 await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-                await daemon.await_log(REGISTERED)
+                (registered,) = await daemon.await_log(REGISTERED)
         finally:
             await kubelet.stop()
     assert not [r for r in daemon.records if r["level"] == "error"]
     assert not daemon.find(REG_FAILED), daemon.find(REG_FAILED)
     (overtaken,) = daemon.find(OVERTAKEN)
     assert overtaken["level"] == "debug" and overtaken["resourceName"] == NPU
+    # The attempt the restart cut short is counted, as the registration metric counts it.
+    assert registered["failedAttempts"] == 1, registered
 
 
 async def test_a_plugin_socket_removed_under_a_registration_is_said_once_as_the_removal() -> None:

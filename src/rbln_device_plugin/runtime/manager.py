@@ -311,6 +311,8 @@ class Manager:
         if await self._registration_overtaken(plugin, kubelet):
             # A kubelet that restarts cleans its directory, our socket with it, and its
             # call back to us fails: the restart's own records say what happens next.
+            # Still a failed attempt, as the registration metric counts it.
+            streak.failed_quietly()
             log.debug(
                 "Device plugin registration overtaken by a kubelet restart or a removed socket",
                 resourceName=plugin.resource, err=failure,

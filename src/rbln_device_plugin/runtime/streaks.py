@@ -23,6 +23,11 @@ class FailureStreak:
         self.reason = reason
         return worth_saying
 
+    def failed_quietly(self) -> None:
+        """Count a failure that another record explains: it keeps the last reason, so
+        the next failure of that reason is not news, and a new one still is."""
+        self.failures += 1
+
     def succeeded(self) -> int:
         """End the streak; how many failures it held (0: nothing to report)."""
         failures = self.failures
