@@ -8,8 +8,13 @@ import shutil
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
 
 from rbln_device_plugin.api import KUBELET_SOCKET
+from rbln_device_plugin.host import pluginsocket
+from rbln_device_plugin.resources import socket_name
 from rbln_device_plugin.runtime.kubeletdir import FOUND_MSG, MISSING_MSG
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import preset
@@ -150,6 +155,40 @@ async def test_a_plugin_socket_removed_under_a_registration_is_said_once_as_the_
     assert removed["level"] == "warn"
     (overtaken,) = daemon.find(OVERTAKEN)
     assert "GetDevicePluginOptions" in str(overtaken["err"]), overtaken
+
+
+async def test_a_kubelet_directory_removed_just_before_a_bind_is_the_directory_warning_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kubelet directory deleted while the daemon restarted a plugin (ci, run 1 of
+    2026-12-02): the scan saw the directory, the bind found it gone, and the plugin's
+    start failure was an error record beside the directory's own warning."""
+    clear = pluginsocket.clear
+    removed: list[Path] = []
+
+    def directory_gone_first(socket_path: Path) -> object:
+        if not removed:  # once: the first bind after the kubelet's directory went
+            removed.append(socket_path.parent)
+            shutil.rmtree(socket_path.parent)
+        return clear(socket_path)
+
+    async with (
+        node_without_kubelet("rebel-4") as node,
+        KubeletStub(node.kubelet_dir) as kubelet,
+        daemon_on(node, "200ms") as daemon,
+    ):
+        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        monkeypatch.setattr(pluginsocket, "clear", directory_gone_first)
+        (node.kubelet_dir / socket_name(NPU)).unlink()  # the plugin starts again
+        (missing,) = await daemon.await_log(MISSING_MSG)
+        await next_reconcile(daemon)
+        await kubelet.restart()  # a kubelet makes its directory again
+        await kubelet.wait_for(NPU, lambda v: v.generation >= 2 and v.messages > 0)
+    assert removed == [node.kubelet_dir]
+    assert not [r for r in daemon.records if r["level"] == "error"]
+    assert missing["level"] == "warn" and len(daemon.find(MISSING_MSG)) == 1
+    (failed_start,) = daemon.find("Cannot start device plugin server; retrying next scan")
+    assert failed_start["level"] == "debug" and "does not exist" in str(failed_start["err"])
 
 
 async def test_discovery_recovery_is_one_info_record_naming_the_failed_scans() -> None:

@@ -273,9 +273,14 @@ class Manager:
             try:
                 await plugin.start()
             except (OSError, RuntimeError) as exc:
-                # Each scan retries; the same reason is said once (a directory where the
-                # socket belongs stays until someone removes it), a new one again.
-                emit = log.error if streak.failed(str(exc)) else log.debug
+                if not await self._kubelet_dir.present():
+                    # The directory went between the scan's look and the bind: its own
+                    # warning says so, and the plugin starts when the kubelet makes it.
+                    emit = log.debug
+                else:
+                    # Each scan retries; the same reason is said once (a directory where
+                    # the socket belongs stays until someone removes it), a new one again.
+                    emit = log.error if streak.failed(str(exc)) else log.debug
                 emit(
                     "Cannot start device plugin server; retrying next scan",
                     resourceName=resource, socketPath=str(plugin.socket_path), err=exc,
