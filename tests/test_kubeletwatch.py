@@ -153,16 +153,25 @@ async def test_the_daemon_learns_of_a_restart_without_scanning() -> None:
         assert len(h.daemon.find(detected)) == 2
 
 
+async def primed_watch(
+    directory: Path, io: HostIO
+) -> tuple[Kubelet, KubeletSocketWatch, list[str]]:
+    """A running kubelet stand-in, a watch through ``io`` that knows its socket, and the
+    list each restart the watch sees is appended to."""
+    kubelet = Kubelet(directory)
+    kubelet.start()
+    restarts: list[str] = []
+    socket_watch = KubeletSocketWatch(directory, lambda: restarts.append("restart"), io)
+    await socket_watch.prime()
+    return kubelet, socket_watch, restarts
+
+
 async def test_a_kubelet_directory_that_hangs_never_stalls_the_loop(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A hung mount under the kubelet's directory: the stat of kubelet.sock never returns.
-    kubelet = Kubelet(short_tmp)
-    kubelet.start()
-    restarts: list[str] = []
     io = HostIO(timeout=0.3)
-    socket_watch = KubeletSocketWatch(short_tmp, lambda: restarts.append("restart"), io)
-    await socket_watch.prime()
+    kubelet, socket_watch, restarts = await primed_watch(short_tmp, io)
     release = threading.Event()
     real_identity = watch.file_identity
 
@@ -201,13 +210,7 @@ async def test_a_stat_that_returns_late_never_counts_one_restart_twice(
 ) -> None:
     # The watch's check and a scan's check at once: the first stat saw the old socket but
     # answers after the kubelet made its new one.
-    kubelet = Kubelet(short_tmp)
-    kubelet.start()
-    restarts: list[str] = []
-    socket_watch = KubeletSocketWatch(
-        short_tmp, lambda: restarts.append("restart"), HostIO(timeout=10)
-    )
-    await socket_watch.prime()
+    kubelet, socket_watch, restarts = await primed_watch(short_tmp, HostIO(timeout=10))
     old = watch.file_identity(kubelet.path)
     release = threading.Event()
     real_identity = watch.file_identity

@@ -335,15 +335,17 @@ class Manager:
     ) -> bool:
         """True when the kubelet the attempt talked to went away or restarted under it,
         or the plugin's socket is gone: each is said on its own and starts it again."""
-        watch = self.kubelet_socket_watch
-        await watch.check()
-        if self._restart_pending or self._kubelet_down:
+        if await self._superseded(plugin) or self._kubelet_down:
             return True
-        if self.plugins.get(plugin.resource) is not plugin:
-            return True
-        if kubelet is not None and watch.identity != kubelet:
+        if kubelet is not None and self.kubelet_socket_watch.identity != kubelet:
             return True
         return not await plugin.socket_intact()
+
+    async def _superseded(self, plugin: ResourcePlugin) -> bool:
+        """Looks at kubelet.sock first: True when a kubelet restart is pending or under
+        way, or ``plugin`` is no longer the resource's plugin (either starts it again)."""
+        await self.kubelet_socket_watch.check()
+        return self._restart_pending or self.plugins.get(plugin.resource) is not plugin
 
     def _stream_lost(self, plugin: ResourcePlugin) -> None:
         """The kubelet's stream of ``plugin`` ended: a restart, or a stream lost alone."""
@@ -351,8 +353,7 @@ class Manager:
 
     async def _after_stream_loss(self, plugin: ResourcePlugin) -> None:
         await asyncio.sleep(STREAM_LOSS_GRACE_S)
-        await self.kubelet_socket_watch.check()
-        if self._restart_pending or self.plugins.get(plugin.resource) is not plugin:
+        if await self._superseded(plugin):
             return  # a kubelet restart: every plugin starts again, nothing was lost
         plugin.registration_lost()
         if not await self._kubelet_serving():
