@@ -320,7 +320,7 @@ class Manager:
             streak.failed_quietly()
             log.debug(
                 "Device plugin registration overtaken by a kubelet restart or a removed socket",
-                resourceName=plugin.resource, err=failure,
+                resourceName=plugin.resource, err=failure, failedAttempts=streak.failures,
             )  # fmt: skip
             return
         # A kubelet that is not there fails every scan: say it once per reason.
