@@ -698,14 +698,21 @@ def test_the_process_prints_the_in_process_report() -> None:
     assert table.stderr == here_table.stderr == ""
 
 
-def test_gather_ends_its_host_io_threads() -> None:
+def test_gather_ends_its_host_io_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A one-shot pass leaves no host I/O thread waiting for work (inspect in-process, or
     any caller that goes on running after it)."""
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def recorded(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+
     with sim("rebel-4") as node:
         request = command.parse(command.build_parser(), host_flags(node), {})
-        before = set(threading.enumerate())
+        monkeypatch.setattr(threading.Thread, "start", recorded)
         facts = asyncio.run(command.gather(request.config))
-        started = [thread for thread in threading.enumerate() if thread not in before]
+        monkeypatch.undo()
         for thread in started:
             thread.join(5.0)  # asyncio's child watcher ends once rbln-smi is reaped
     assert facts.smi.ok and len(facts.statuses) == 4
