@@ -14,7 +14,8 @@ from rbln_device_plugin_sim.node import TOOLKIT_CDI_SPEC, SimNode
 
 from .inprocess import running
 from .metrics_helpers import metrics_port, scrape_until, value
-from .test_inspect_cli import inspect, report
+from .test_inspect_cli import inspect_process as inspect
+from .test_inspect_cli import report_process as report
 
 NPU = "rebellions.ai/npu"
 RUNTIME = "rebellions.ai/npu=runtime"

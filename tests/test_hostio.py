@@ -219,3 +219,23 @@ async def test_close_ends_the_idle_threads_and_later_calls_still_run(tmp_path: P
     assert await io.map(reads(paths[:1])) == ["a"]  # a call after close: a new thread
     io.close()
     await wait_until(lambda: host_io_threads() == before, 10, "the new thread to end")
+
+
+async def test_a_call_stuck_at_close_ends_its_thread_when_it_returns() -> None:
+    # A one-shot pass (inspect) closes its runner while a wedged read is still out: that
+    # thread must end once the read returns, not wait for work for ever.
+    release = threading.Event()
+    started: list[threading.Thread] = []
+
+    def wedged() -> str:
+        started.append(threading.current_thread())
+        release.wait(30)
+        return "late"
+
+    io = HostIO(timeout=0.2)
+    assert isinstance((await io.map([Call("wedged", wedged)]))[0], Stalled)
+    io.close()
+    release.set()
+    (thread,) = started
+    await asyncio.to_thread(thread.join, 10)
+    assert not thread.is_alive() and io.threads == 0

@@ -1,37 +1,50 @@
-"""``rbln-device-plugin inspect`` as a real process against simulated nodes.
+"""``rbln-device-plugin inspect`` against simulated nodes: its report, in-process, and what
+only a process shows, as a real process.
 
 Every case of issue #18: a clean node, a mixed SR-IOV node with an unsupported VF count,
 a faulted device, a missing ``rbln-smi``, garbage ``rbln-smi`` output, an unreadable PCI
 link, and the README's preferred-allocation table. Each JSON report is validated against
-the shipped schema. The last tests show the command is read-only: an audit hook records
-no write, lock, bound or connected socket, and no gRPC import; the node's files are
-byte-for-byte unchanged; and a daemon running on the same node is not disturbed.
+the shipped schema. These run the command's own entry (``cli.main(["inspect", ...])``) on
+the test's thread with the process's environment, stdout and stderr (``run``): the same
+parser, discovery (the simulator's real ``rbln-smi`` executable), report and output, and
+each run is checked to leave no thread, descriptor, working directory, environment or
+logger change behind. The real process (``run_process``) shows the rest: exit statuses
+and usage errors end to end, log records on stderr only at debug, its report equal to the
+in-process one, a status file that blocks, and the read-only guarantees: an audit hook
+records no write, lock, bound or connected socket, and no gRPC import; the node's files
+are byte-for-byte unchanged; and a daemon running on the same node is not disturbed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import structlog
 
+from rbln_device_plugin import cli
 from rbln_device_plugin.host.smi import DEFAULT_CANDIDATES
 from rbln_device_plugin.inspect import command
+from rbln_device_plugin.telemetry import logs
 from rbln_device_plugin_sim.demo import DemoConfig, run_demo
 from rbln_device_plugin_sim.layout import Layout, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
@@ -67,9 +80,8 @@ def host_flags(node: SimNode, *, smi: bool = True) -> list[str]:
     return flags
 
 
-def run(
-    args: Sequence[str], env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
+def process_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The command's environment: the test process's without the daemon's variables."""
     full_env = {
         key: value
         for key, value in os.environ.items()
@@ -77,32 +89,128 @@ def run(
     }
     full_env["PYTHONDONTWRITEBYTECODE"] = "1"
     full_env.update(env or {})
+    return full_env
+
+
+def run_process(
+    args: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``rbln-device-plugin inspect ARGS`` as a real process."""
     return subprocess.run(
         [str(BIN), "inspect", *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env=full_env,
+        env=process_env(env),
         stdin=subprocess.DEVNULL,
     )
 
 
-def inspect(
-    node: SimNode, *args: str, env: Mapping[str, str] | None = None, smi: bool = True
+@contextmanager
+def _environ(env: Mapping[str, str]) -> Iterator[None]:
+    """os.environ as the process would have it (rbln-smi's $PATH search reads it)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextmanager
+def _logging_restored() -> Iterator[None]:
+    """inspect installs the process-wide logger: structlog's configuration, a sink with a
+    writer thread, and the bridge on gRPC's and OpenTelemetry's stdlib loggers. All undone."""
+    structlog_config = structlog.get_config()
+    bridged = [logging.getLogger(name) for name in ("grpc", "opentelemetry")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in bridged]
+    sink = logs._sink
+    try:
+        yield
+    finally:
+        if logs._sink is not sink and logs._sink is not None:
+            logs._sink.close(logs.FLUSH_TIMEOUT_S)  # its writer thread ends
+        structlog.configure(**structlog_config)
+        for logger, (handlers, level, propagate) in zip(bridged, saved, strict=True):
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+def _descriptors() -> dict[str, str]:
+    fds = Path("/proc/self/fd")
+    found = {}
+    for fd in os.listdir(fds):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, gone by now
+            found[fd] = os.readlink(fds / fd)
+    return found
+
+
+def run(
+    args: Sequence[str], env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return run([*host_flags(node, smi=smi), *args], env)
+    """``rbln-device-plugin inspect ARGS`` in this process, on this thread: the CLI's own
+    entry with the process's environment, stdout and stderr; the same answer as
+    ``run_process`` (test_the_process_prints_the_in_process_report). Checks that the run
+    left nothing behind: no thread, descriptor (socket, pipe, file), working directory,
+    environment or logger change."""
+    full_env = process_env(env)
+    threads, descriptors, cwd = set(threading.enumerate()), _descriptors(), os.getcwd()
+    environ = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    with _logging_restored(), _environ(full_env), redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(["inspect", *args])
+    left = [thread for thread in threading.enumerate() if thread not in threads]
+    for thread in left:
+        thread.join(5.0)  # asyncio's child watcher ends once rbln-smi is reaped
+    assert [thread.name for thread in left if thread.is_alive()] == []
+    # Only new ones count: a loop an earlier test left to the garbage collector may close.
+    assert _descriptors().items() - descriptors.items() == set()
+    assert (os.getcwd(), dict(os.environ)) == (cwd, environ)
+    return subprocess.CompletedProcess(["inspect", *args], code, out.getvalue(), err.getvalue())
+
+
+Runner = Callable[[Sequence[str], Mapping[str, str] | None], subprocess.CompletedProcess[str]]
+
+
+def inspect(
+    node: SimNode,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    smi: bool = True,
+    via: Runner = run,
+) -> subprocess.CompletedProcess[str]:
+    return via([*host_flags(node, smi=smi), *args], env)
 
 
 def report(
-    node: SimNode, *args: str, env: Mapping[str, str] | None = None, smi: bool = True
+    node: SimNode,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    smi: bool = True,
+    via: Runner = run,
 ) -> tuple[dict[str, Any], int]:
     """The JSON report, checked against the schema and against the exit status."""
-    done = inspect(node, "--output", "json", *args, env=env, smi=smi)
+    done = inspect(node, "--output", "json", *args, env=env, smi=smi, via=via)
     assert done.stderr == "", done.stderr
     document = json.loads(done.stdout)
     jsonschema.validate(document, SCHEMA, cls=jsonschema.Draft202012Validator)
     assert document["exitCode"] == done.returncode
     return document, done.returncode
+
+
+def inspect_process(
+    node: SimNode, *args: str, env: Mapping[str, str] | None = None, smi: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return inspect(node, *args, env=env, smi=smi, via=run_process)
+
+
+def report_process(
+    node: SimNode, *args: str, env: Mapping[str, str] | None = None, smi: bool = True
+) -> tuple[dict[str, Any], int]:
+    return report(node, *args, env=env, smi=smi, via=run_process)
 
 
 def device(document: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -206,8 +314,9 @@ def test_a_status_file_that_blocks_is_reported_not_waited_for() -> None:
         status = node.status_path("rbln1")
         status.unlink()
         os.mkfifo(status)  # a wedged driver: open() never returns
-        # The command ends on its own; its abandoned reader thread goes with the process.
-        document, _ = report(node)
+        # The command ends on its own; its abandoned reader thread goes with the process
+        # (a process of its own: in this one the thread would stay blocked in open()).
+        document, _ = report_process(node)
     stuck = device(document, "rbln1")
     assert stuck["status"] == "UNREADABLE"
     assert "did not finish within" in stuck["statusDetail"]
@@ -497,24 +606,28 @@ def test_help_lists_only_the_flags_that_change_the_report() -> None:
 # ----------------------------------------------------------------------------- the command
 
 
+# Two of them as a real process (argparse's error and inspect's own check), the exit
+# status and streams end to end; the rest in-process, where the same main() answers.
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("via", "args", "message"),
     [
-        (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--preferred", "two"], "invalid int value: 'two'"),
-        (["--must-include", "rbln0"], "--must-include needs --preferred SIZE"),
+        (run_process, ["--bogus"], "unrecognized arguments: --bogus"),
+        (run, ["--preferred", "two"], "invalid int value: 'two'"),
+        (run_process, ["--must-include", "rbln0"], "--must-include needs --preferred SIZE"),
         (
+            run,
             ["--resource", "rebellions.ai/npu", "--available", "rbln0", "--must-include", "rbln0"],
             "--resource, --available and --must-include need --preferred SIZE",
         ),
-        (["--output", "yaml"], "invalid choice: 'yaml'"),
-        (["--resource", "gpu", "--preferred", "1"], "invalid choice: 'gpu'"),
-        (["--device-scan-interval", "0s"], "interval must be positive"),
-        (["positional"], "unrecognized arguments: positional"),
+        (run, ["--output", "yaml"], "invalid choice: 'yaml'"),
+        (run, ["--resource", "gpu", "--preferred", "1"], "invalid choice: 'gpu'"),
+        (run, ["--device-scan-interval", "0s"], "interval must be positive"),
+        (run, ["positional"], "unrecognized arguments: positional"),
     ],
+    ids=lambda value: getattr(value, "__name__", None),
 )
-def test_usage_errors_exit_2_with_stdout_empty(args: list[str], message: str) -> None:
-    done = run(args)
+def test_usage_errors_exit_2_with_stdout_empty(via: Runner, args: list[str], message: str) -> None:
+    done = via(args, None)
     assert done.returncode == 2
     assert done.stdout == ""
     assert "usage: rbln-device-plugin inspect" in done.stderr
@@ -550,17 +663,61 @@ def test_subcommand_is_only_recognised_first() -> None:
     assert record["msg"] == "Invalid command line"
 
 
+LEVEL = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
+
+
 def test_log_records_go_to_stderr_and_only_at_debug() -> None:
     with sim("rebel-4") as node:
-        quiet = inspect(node, "--output", "json", env={"RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info"})
-        bogus = inspect(node, "--output", "json", env={"RBLN_DEVICE_PLUGIN_LOG_LEVEL": "loud"})
-        debug = inspect(node, "--output", "json", env={"RBLN_DEVICE_PLUGIN_LOG_LEVEL": "debug"})
+        quiet = inspect_process(node, "--output", "json", env={LEVEL: "info"})
+        bogus = inspect_process(node, "--output", "json", env={LEVEL: "loud"})
+        debug = inspect_process(node, "--output", "json", env={LEVEL: "debug"})
     for done in (quiet, bogus, debug):
         assert json.loads(done.stdout)["exitCode"] == 0  # stdout is exactly the report
     assert quiet.stderr == "" and bogus.stderr == ""
     records = [json.loads(line) for line in debug.stderr.splitlines()]
     inspected = [r for r in records if r["msg"] == "Inspected node"]
     assert len(inspected) == 1 and inspected[0]["exitCode"] == 0
+
+
+def test_the_process_prints_the_in_process_report() -> None:
+    """The layer the report tests run on: the real process prints the same report and
+    exits the same way (the rbln-smi run's duration aside)."""
+    with sim("rebel-sriov") as node:
+        node.set_status("rbln2", 4)
+        by_process, code = report_process(node, "--preferred", "2")
+        table = inspect_process(node, "--preferred", "2")
+        here, here_code = report(node, "--preferred", "2")
+        here_table = inspect(node, "--preferred", "2")
+    assert code == here_code == table.returncode == here_table.returncode == 1  # rbln2
+    for document in (by_process, here):
+        assert document["discovery"].pop("durationMs") is not None
+    assert by_process == here
+    took = re.compile(r", \d+ ms\)")
+    assert took.search(table.stdout), table.stdout
+    assert took.sub(")", table.stdout) == took.sub(")", here_table.stdout)
+    assert table.stderr == here_table.stderr == ""
+
+
+def test_gather_ends_its_host_io_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-shot pass leaves no host I/O thread waiting for work (inspect in-process, or
+    any caller that goes on running after it)."""
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def recorded(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+
+    with sim("rebel-4") as node:
+        request = command.parse(command.build_parser(), host_flags(node), {})
+        monkeypatch.setattr(threading.Thread, "start", recorded)
+        facts = asyncio.run(command.gather(request.config))
+        monkeypatch.undo()
+        for thread in started:
+            thread.join(5.0)  # asyncio's child watcher ends once rbln-smi is reaped
+    assert facts.smi.ok and len(facts.statuses) == 4
+    assert "host-io" in {thread.name for thread in started}  # the runner did run threads
+    assert [thread.name for thread in started if thread.is_alive()] == []
 
 
 # ----------------------------------------------------------------------------- read-only
@@ -632,7 +789,7 @@ def test_inspect_writes_nothing_locks_nothing_and_opens_no_socket(tmp_path: Path
             node.set_status("rbln2", 4)
             groups = node.groups()
             before = snapshot(node.root)
-            done = inspect(node, "--preferred", "2", "--resource", VF4, env=env)
+            done = inspect_process(node, "--preferred", "2", "--resource", VF4, env=env)
             after = snapshot(node.root)
             assert node.groups() == groups
             assert not node.rsd_lock_path.exists()
@@ -682,7 +839,7 @@ async def test_inspect_beside_a_running_daemon_reports_what_the_kubelet_sees(
                 await h.kubelet.wait_for(resource, lambda v, n=count: len(v.devices) == n)  # type: ignore[misc]
         registrations = len(h.kubelet.registrations)
         sockets = {name: (h.node.kubelet_dir / name).stat().st_ino for name in h.sockets()}
-        done = await asyncio.to_thread(inspect, h.node, "--output", "json")
+        done = await asyncio.to_thread(inspect_process, h.node, "--output", "json")
         document = json.loads(done.stdout)
         told: dict[str, str] = {}
         for resource in (NPU, VF1, VF4):

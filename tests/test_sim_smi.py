@@ -229,14 +229,16 @@ def test_the_tool_still_runs_after_the_node_moves_its_cwd(node: SimNode, tmp_pat
 
 
 # ---------------------------------------------------------------- the quick listing
-# smi_exe answers the listing with json and os only; smi_tool is what every answer must
-# be. The oracle: smi_tool run on the same state file and arguments.
+# smi_exe answers a listing from the sidecar StateStore writes; smi_tool is what every answer
+# must be. The oracle: smi_tool run on the same state file and arguments.
 def _full_answer(state_path: Path, argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = smi_tool.run(argv, StateStore(state_path), out, err)
     return code, out.getvalue(), err.getvalue()
 
 
+_LISTINGS = (["-j"], ["-g", "-j"], ["-j", "-g"])
+_ARGVS = st.sampled_from([*_LISTINGS, ["-j", "-x"], []])
 _JSON_SCALARS = st.none() | st.booleans() | st.integers(-3, 300) | st.text(max_size=4)
 _VARIANTS = st.sampled_from(
     [
@@ -255,24 +257,64 @@ _VARIANTS = st.sampled_from(
         "not-json",
     ]
 )
+# What a test or the daemon does to the node between two listings, through the store.
+_CHANGES = st.lists(
+    st.sampled_from(["group", "ungroup", "fault", "fault-once", "clear", "status", "remove"]),
+    max_size=6,
+)
 
 
-def test_the_quick_listing_answers_as_smi_tool_or_leaves_it_to_smi_tool() -> None:
+@pytest.fixture
+def rebel_state() -> Iterator[Path]:
     root = short_tempdir("rbln-t-")
-    try:
-        node = materialize(preset("rebel-4"), root / "n")
-        with node.store.transaction() as state:  # a device in a group: -g -j differs from -j
-            state.devices[0]["group_id"] = "3"
-        _check_quick_listing(root / "smi-state.json", node.state_path.read_text())
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    node = materialize(preset("rebel-4"), root / "n")
+    with node.store.transaction() as state:  # a device in a group: -g -j differs from -j
+        state.devices[0]["group_id"] = "3"
+    yield node.state_path
+    shutil.rmtree(root, ignore_errors=True)
 
 
-def _check_quick_listing(state_path: Path, pristine: str) -> None:
+def test_every_state_the_store_saves_is_listed_quickly_and_as_smi_tool_lists_it(
+    rebel_state: Path,
+) -> None:
+    store = StateStore(rebel_state)
+
+    @given(changes=_CHANGES, argv=_ARGVS)
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    def check(changes: list[str], argv: list[str]) -> None:
+        with store.transaction() as state:
+            for change in changes:
+                if change == "group":
+                    state.devices[-1]["group_id"] = str(len(changes))
+                elif change == "ungroup":
+                    state.devices[-1]["group_id"] = "0"
+                elif change == "fault":
+                    state.faults.append(Fault("error", ("group-create",)))
+                elif change == "fault-once":
+                    state.faults.append(Fault("garbage", ("list",), remaining=1))
+                elif change == "clear":
+                    state.faults.clear()
+                elif change == "status":
+                    state.devices[0]["status"] = str(len(changes))
+                elif change == "remove" and len(state.devices) > 1:
+                    state.devices.pop()
+            faulted = bool(state.faults)
+        quick = smi_exe.quick_listing(argv, str(rebel_state))
+        if faulted or argv not in _LISTINGS:
+            assert quick is None  # smi_tool decides: a fault may act on this very listing
+        else:
+            assert quick is not None and _full_answer(rebel_state, argv) == (0, quick, "")
+
+    check()
+
+
+def test_a_state_written_behind_the_stores_back_is_left_to_smi_tool(rebel_state: Path) -> None:
+    pristine = rebel_state.read_text()
+
     @given(
         variant=_VARIANTS,
         value=_JSON_SCALARS | st.lists(_JSON_SCALARS, max_size=2),
-        argv=st.sampled_from([["-j"], ["-g", "-j"], ["-j", "-g"], ["-j", "-x"], []]),
+        argv=_ARGVS,
     )
     @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     def check(variant: str, value: Any, argv: list[str]) -> None:
@@ -289,26 +331,38 @@ def _check_quick_listing(state_path: Path, pristine: str) -> None:
             data["faults"] = [Fault("error", ("group-create",)).to_dict()]
         elif variant == "not-an-object":
             data = [data]
-        state_path.write_text("{broken" if variant == "not-json" else json.dumps(data))
-        quick = smi_exe.quick_listing(argv, str(state_path))
-        try:
-            full = _full_answer(state_path, argv)
-        except Exception:  # smi_tool breaks on this state: the quick path must not answer
-            assert quick is None
-            return
-        if quick is not None:
-            assert full == (0, quick, "")
-        else:  # left to smi_tool: what it refuses, or what the quick check is unsure of
-            assert variant != "as-is" or argv not in (["-j"], ["-g", "-j"], ["-j", "-g"])
+        rebel_state.write_text("{broken" if variant == "not-json" else json.dumps(data))
+        # The sidecar still holds the listings of the state the store last saved.
+        assert smi_exe.quick_listing(argv, str(rebel_state)) is None
 
     check()
+    rebel_state.write_text(pristine)  # the very text the sidecar was made from
+    assert smi_exe.quick_listing(["-j"], str(rebel_state)) == _full_answer(rebel_state, ["-j"])[1]
 
 
-def test_a_listing_from_the_executable_imports_neither_smi_tool_nor_dataclasses(
+@pytest.mark.parametrize("damage", ["missing", "empty", "truncated", "no-prefix", "two-parts"])
+def test_a_missing_or_damaged_sidecar_is_left_to_smi_tool(rebel_state: Path, damage: str) -> None:
+    sidecar = rebel_state.with_name(rebel_state.name + ".listings")
+    whole = sidecar.read_text()
+    state_size, _, rest = whole.partition("\n")
+    sidecar.unlink() if damage == "missing" else sidecar.write_text(
+        {
+            "empty": "",
+            "truncated": whole[:-2],
+            "no-prefix": rest,
+            "two-parts": whole[: len(state_size) + 1 + int(state_size)] + "5\nabcde",
+        }[damage]
+    )
+    assert smi_exe.quick_listing(["-g", "-j"], str(rebel_state)) is None
+    code, out, _ = _full_answer(rebel_state, ["-g", "-j"])  # and the tool still answers
+    assert code == 0 and json.loads(out)["devices"][0]["group_id"] == "3"
+
+
+def test_a_listing_from_the_executable_imports_neither_smi_tool_nor_json(
     node: SimNode,
 ) -> None:
     # What the executable runs, plus a look at what it imported: the quick path at work.
-    heavy = "{'dataclasses', 'pathlib', 'rbln_device_plugin_sim.smi_tool'}"
+    heavy = "{'dataclasses', 'json', 'pathlib', 'rbln_device_plugin_sim.smi_tool'}"
     script = node.smi_path.read_text().replace("sys.exit(main(", "code = (main(")
     script += f"print(sorted({heavy} & set(sys.modules)), code)\n"
     result = subprocess.run(

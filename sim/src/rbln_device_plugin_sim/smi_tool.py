@@ -10,13 +10,12 @@ Stdlib only, and nothing imported at module level that a quick CLI would not nee
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from rbln_device_plugin_sim.state import (
     GARBAGE,
@@ -26,6 +25,7 @@ from rbln_device_plugin_sim.state import (
     SmiState,
     StateError,
     StateStore,
+    listing,
     make_dev_node,
 )
 
@@ -74,16 +74,6 @@ def parse_args(argv: list[str]) -> Command:
                 raise Refused(f"group -c takes one group id, got {rest[1]!r}")
             return Command("group-create", group_ids=gid, npus=_int_list(rest[3], "npu"))
     raise Refused(f"unknown arguments: {' '.join(argv) or '(none)'}")
-
-
-def render(state: SmiState, with_groups: bool) -> str:
-    devices: list[dict[str, Any]] = []
-    for rec in state.devices:
-        out = dict(rec)
-        if not with_groups:
-            out.pop("group_id", None)
-        devices.append(out)
-    return json.dumps({"KMD_version": state.kmd_version, "devices": devices}, indent=4) + "\n"
 
 
 def create_group(state: SmiState, gid: int, npus: tuple[int, ...]) -> Path:
@@ -145,7 +135,7 @@ def run(argv: list[str], store: StateStore, out: TextIO, err: TextIO) -> int:
             err.write(fault.message.rstrip("\n") + "\n")
             return fault.exit_code
     if command.kind in ("list", "list-groups"):
-        out.write(render(store.read(), with_groups=command.kind == "list-groups"))
+        out.write(listing(store.read(), with_groups=command.kind == "list-groups"))
         return 0
     try:
         with store.transaction() as state:

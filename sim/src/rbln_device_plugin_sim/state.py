@@ -4,6 +4,11 @@ Every reader and writer holds an flock on a sidecar lock file, so concurrent ``r
 invocations and runtime changes from tests never lose an update. Writes go through a
 temporary file and a rename, so even an unlocked reader never sees half a file.
 
+Each write also leaves the two listings (``-j`` and ``-g -j``) of a fault-free state in a
+sidecar file, ``<state>.listings``, beside the exact state text they were rendered from:
+the tests' daemons list the node on every scan, and ``smi_exe`` answers from that file
+without importing ``json`` (see ``listings_text`` for its format).
+
 Stdlib only: this module is imported by every fake ``rbln-smi`` process.
 """
 
@@ -136,10 +141,39 @@ class SmiState:
         return None
 
 
+def listing(state: SmiState, with_groups: bool) -> str:
+    """What ``rbln-smi -j`` (``-g -j`` with ``with_groups``) prints for this state."""
+    devices: list[dict[str, Any]] = []
+    for rec in state.devices:
+        out = dict(rec)
+        if not with_groups:
+            out.pop("group_id", None)
+        devices.append(out)
+    return json.dumps({"KMD_version": state.kmd_version, "devices": devices}, indent=4) + "\n"
+
+
+def listings_text(state_text: str) -> str | None:
+    """The listings sidecar for this state file text, or None when a listing must be decided
+    by ``smi_tool`` (a fault is set: it may act on the next listing).
+
+    Three length-prefixed parts: ``<n>\\n`` then n characters, for the state text, the
+    ``-j`` listing and the ``-g -j`` listing. The state text is kept whole so that a reader
+    can tell that the sidecar belongs to the state file it has just read, even when a test
+    rewrote that file behind the store's back.
+    """
+    # Rendered from the text as a reader will load it, not from the state in memory.
+    state = SmiState.from_dict(json.loads(state_text))
+    if state.faults:
+        return None
+    parts = (state_text, listing(state, with_groups=False), listing(state, with_groups=True))
+    return "".join(f"{len(part)}\n{part}" for part in parts)
+
+
 class StateStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock_path = path.with_name(path.name + ".lock")
+        self.listings_path = path.with_name(path.name + ".listings")
         # Invocations waiting in a HOLD fault: one file each, named by the process id and
         # holding the command; deleting the file releases that invocation.
         self.held_dir = path.with_name(path.name + ".held")
@@ -164,9 +198,20 @@ class StateStore:
             raise StateError(f"state file {self.path} is not JSON: {exc}") from exc
 
     def _save(self, state: SmiState) -> None:
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(state.to_dict(), indent=1), encoding="utf-8")
-        tmp.replace(self.path)
+        text = json.dumps(state.to_dict(), indent=1)
+        # The sidecar goes first: a reader takes it only beside this exact state text.
+        listings = listings_text(text)
+        if listings is None:
+            self.listings_path.unlink(missing_ok=True)
+        else:
+            self._replace(self.listings_path, listings)
+        self._replace(self.path, text)
+
+    @staticmethod
+    def _replace(path: Path, text: str) -> None:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
 
     def read(self) -> SmiState:
         with self._locked(exclusive=False):

@@ -107,6 +107,7 @@ class HostIO:
         self._threads = 0
         self._idle = 0
         self._backlog = 0
+        self._closed = False  # set by close: a thread whose call returns ends, never idles
         self._count_lock = threading.Lock()
         self.stuck: dict[str, float] = {}  # key -> monotonic time its call was abandoned
 
@@ -224,6 +225,7 @@ class HostIO:
         test process starts) leaves none waiting. A stuck thread ends when its call
         returns; a call submitted afterwards still runs, on a thread of its own."""
         with self._count_lock:
+            self._closed = True
             idle, self._idle = self._idle, 0
             self._threads -= idle
         for _ in range(idle):
@@ -237,13 +239,19 @@ class HostIO:
             batch, released = job
             finished = _work(batch, released)
             with self._count_lock:
+                ends = False
                 if self._backlog:
                     self._backlog -= 1  # take a queued batch without becoming idle
+                elif self._closed:
+                    self._threads -= 1  # a stuck call that returned after close, or a late one
+                    ends = True
                 else:
                     self._idle += 1
             # Only now: a batch submitted right after this one finds this thread idle.
             if finished:
                 batch.done()
+            if ends:
+                return
 
     @property
     def threads(self) -> int:

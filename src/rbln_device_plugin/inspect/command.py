@@ -163,8 +163,17 @@ async def gather(cfg: config.Config) -> HostFacts:
 
     Host reads go through the daemon's bounded runner: a file a wedged driver never
     answers shows up as unreadable (with the reason) instead of hanging the command.
+    The runner's idle threads end with the pass: a caller that goes on running (the tests
+    call ``main`` in-process) is left none waiting for work that never comes.
     """
     io = HostIO()
+    try:
+        return await _gather(cfg, io)
+    finally:
+        io.close()
+
+
+async def _gather(cfg: config.Config, io: HostIO) -> HostFacts:
     root = cfg.sysfs_root
     outcome = await run_discovery(cfg, io)
     listed = await io.call(
