@@ -206,16 +206,24 @@ TEST_ONLY = {"RBLN_TEST_FILE_DEVICE_NODES"}
 _RENDERED: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
 
 
-# The chart's files, by what a look at them shows (name, size, change time): a changed file
-# is read again, an unchanged one is not reread on every `helm template`.
-_DIGESTS: dict[tuple[tuple[str, int, int], ...], str] = {}
+# The chart's files, by what a look at them shows (name, inode, size, change times): a
+# changed or replaced file is read again, an unchanged one is not reread on every
+# `helm template`. An edit keeping the size within one tick of the file clock (a few ms)
+# would go unseen: only a program makes one, and no test edits the chart.
+_DIGESTS: dict[tuple[tuple[str, int, int, int, int], ...], str] = {}
 
 
 def chart_digest(chart: Path = CHART) -> str:
     """A digest of every file of the chart, names and contents: what `helm template` reads."""
     files = sorted(p for p in chart.rglob("*") if p.is_file())
     seen = tuple(
-        (str(path.relative_to(chart)), (st := path.stat()).st_size, st.st_mtime_ns)
+        (
+            str(path.relative_to(chart)),
+            (st := path.stat()).st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        )
         for path in files
     )
     known = _DIGESTS.get(seen)
@@ -441,6 +449,20 @@ def test_libyaml_parses_every_variant_as_pyyaml_does(rendered: dict[str, str]) -
     first = objects(rendered["default"])
     first[0]["metadata"]["name"] = "changed"
     assert objects(rendered["default"])[0]["metadata"]["name"] != "changed"
+
+
+def test_the_chart_digest_follows_an_edited_or_added_file(tmp_path: Path) -> None:
+    # The renderings are memoized by it: a stale digest would answer with an old chart.
+    (tmp_path / "templates").mkdir()
+    values = tmp_path / "values.yaml"
+    values.write_text("a: 1\n")
+    first = chart_digest(tmp_path)
+    assert chart_digest(tmp_path) == first
+    values.write_text("a: 22\n")
+    second = chart_digest(tmp_path)
+    assert second != first
+    (tmp_path / "templates" / "x.yaml").write_text("")
+    assert chart_digest(tmp_path) not in (first, second)
 
 
 def test_chart_refuses_kubernetes_older_than_1_27(helm: Helm) -> None:
