@@ -4,9 +4,15 @@ wants the figures. Nothing is asserted about the figures themselves."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
@@ -49,14 +55,66 @@ BENCH_MODULES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("module", BENCH_MODULES)
-def test_help_and_a_mistyped_flag_never_start_a_run(module: str) -> None:
+def main_block(module: ModuleType) -> list[ast.stmt]:
+    """The body of the module's ``if __name__ == "__main__":``: what ``python -m`` runs."""
+    assert module.__file__ is not None
+    tree = ast.parse(Path(module.__file__).read_text(), module.__file__)
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "__name__ == '__main__'", "'__main__' == __name__",
+        ):  # fmt: skip
+            return node.body
+    raise AssertionError(f"{module.__name__} has no `if __name__ == '__main__':` block")
+
+
+def forbid_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every function of every benchmark module, bar the command-line parsing, raises."""
+
+    def forbidden(name: str) -> Callable[..., NoReturn]:
+        def called(*_args: object, **_kwargs: object) -> NoReturn:
+            raise AssertionError(f"{name} was called: a run started")
+
+        return called
+
+    for name, loaded in list(sys.modules.items()):
+        if not (name == "bench" or name.startswith("bench.")) or name == "bench.cli":
+            continue
+        for attr, value in vars(loaded).items():
+            if inspect.isfunction(value) and value.__module__ == name and attr != "main":
+                monkeypatch.setattr(loaded, attr, forbidden(f"{name}.{attr}"))
+
+
+@pytest.mark.parametrize("module_name", BENCH_MODULES)
+def test_help_and_a_mistyped_flag_never_start_a_run(
+    module_name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Before, each benchmark looked for its flags in sys.argv by hand: `--help` or a
-    # mistyped flag started a run of several minutes with the defaults.
+    # mistyped flag started a run of several minutes with the defaults. In process: the
+    # module's own `__main__` block runs in its namespace against a patched sys.argv, with
+    # every function that could start a run made to raise; the test below shows
+    # `python -m` reaching that block.
+    module = importlib.import_module("bench.__main__" if module_name == "bench" else module_name)
+    block = compile(ast.Module(main_block(module), []), f"<{module_name} __main__>", "exec")
+    forbid_every_run(monkeypatch)
     for argv, code in ((["--help"], 0), (["--qiuck"], 2)):
-        done = subprocess.run(
-            [sys.executable, "-m", module, *argv],
-            cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == code, (argv, done.stdout[-2000:], done.stderr[-2000:])
-        assert "usage:" in (done.stdout if code == 0 else done.stderr)
+        monkeypatch.setattr(sys, "argv", [str(module.__file__), *argv])
+        with pytest.raises(SystemExit) as exited:
+            exec(block, vars(module))
+        out, err = capsys.readouterr()
+        assert exited.value.code == code, (argv, out[-2000:], err[-2000:])
+        assert "usage:" in (out if code == 0 else err), (argv, out[-2000:], err[-2000:])
+        if code == 2:
+            assert "unrecognized arguments: --qiuck" in err, err[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "code"), [("bench", ["--help"], 0), ("bench.bench_fast", ["--qiuck"], 2)]
+)
+def test_python_dash_m_reaches_the_parser(module: str, argv: list[str], code: int) -> None:
+    # The wiring end to end, for the package's table and one benchmark: a real process.
+    done = subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == code, (argv, done.stdout[-2000:], done.stderr[-2000:])
+    assert "usage:" in (done.stdout if code == 0 else done.stderr)

@@ -7,9 +7,11 @@ daemon's own configuration code, so a value the schema lets through cannot crash
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -204,13 +206,35 @@ TEST_ONLY = {"RBLN_TEST_FILE_DEVICE_NODES"}
 _RENDERED: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
 
 
+# The chart's files, by what a look at them shows (name, inode, size, change times): a
+# changed or replaced file is read again, an unchanged one is not reread on every
+# `helm template`. An edit keeping the size within one tick of the file clock (a few ms)
+# would go unseen: only a program makes one, and no test edits the chart.
+_DIGESTS: dict[tuple[tuple[str, int, int, int, int], ...], str] = {}
+
+
 def chart_digest(chart: Path = CHART) -> str:
     """A digest of every file of the chart, names and contents: what `helm template` reads."""
+    files = sorted(p for p in chart.rglob("*") if p.is_file())
+    seen = tuple(
+        (
+            str(path.relative_to(chart)),
+            (st := path.stat()).st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        )
+        for path in files
+    )
+    known = _DIGESTS.get(seen)
+    if known is not None:
+        return known
     digest = hashlib.sha256()
-    for path in sorted(p for p in chart.rglob("*") if p.is_file()):
+    for path in files:
         digest.update(str(path.relative_to(chart)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    _DIGESTS[seen] = digest.hexdigest()
+    return _DIGESTS[seen]
 
 
 class Helm:
@@ -291,8 +315,22 @@ def rendered(helm: Helm) -> dict[str, str]:
     return out
 
 
+# libyaml's safe loader: the pure-Python one takes ten times as long on these manifests, and
+# both build the same objects from them (test_libyaml_parses_every_variant_as_pyyaml_does).
+MANIFEST_LOADER = yaml.CSafeLoader
+# A manifest's objects by its text, pickled: many tests read the same rendering, and each
+# gets its own copy, so a test that changes what it got cannot change another test's.
+_PARSED: dict[str, bytes] = {}
+
+
 def objects(manifest: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(manifest) if doc]
+    """The objects of a rendered manifest, empty documents left out."""
+    parsed = _PARSED.get(manifest)
+    if parsed is None:
+        docs = [doc for doc in yaml.load_all(manifest, Loader=MANIFEST_LOADER) if doc]
+        parsed = _PARSED[manifest] = pickle.dumps(docs)
+    loaded: list[dict[str, Any]] = pickle.loads(parsed)
+    return loaded
 
 
 def daemonset(manifest: str) -> dict[str, Any]:
@@ -376,8 +414,13 @@ def test_chart_passes_helm_lint_strict_with_a_go_chart_values_file(helm: Helm) -
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_every_variant_is_strictly_valid_kubernetes(
-    helm: Helm, rendered: dict[str, str], kube_version: str
+    helm: Helm, rendered: dict[str, str], kube_version: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # kubernetes_validate.validate reads and parses the version's schema files (1.4 MB of
+    # definitions) for every object it checks; here each is parsed once for this version.
+    # validate itself runs unchanged on the same contents: it only reads them.
+    read = kubernetes_validate.utils.schema_contents
+    monkeypatch.setattr(kubernetes_validate.utils, "schema_contents", functools.cache(read))
     # helm itself accepts the version (Chart.yaml kubeVersion) ...
     assert helm.template("--kube-version", kube_version) == rendered["default"]
     # ... and every object of every variant matches that version's strict schemas.
@@ -395,6 +438,31 @@ def test_every_variant_is_strictly_valid_kubernetes(
                 kubernetes_validate.validate(doc, kube_version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"{variant} {doc['kind']} on {kube_version}: {exc.message}")
+
+
+def test_libyaml_parses_every_variant_as_pyyaml_does(rendered: dict[str, str]) -> None:
+    # repr: the same keys in the same order, and the same types (True == 1, 1.0 == 1).
+    for variant in ALL_VARIANTS:
+        pure = [doc for doc in yaml.load_all(rendered[variant], Loader=yaml.SafeLoader) if doc]
+        assert repr(objects(rendered[variant])) == repr(pure), variant
+    # Each call has its own objects: a test that changes them cannot change another's.
+    first = objects(rendered["default"])
+    first[0]["metadata"]["name"] = "changed"
+    assert objects(rendered["default"])[0]["metadata"]["name"] != "changed"
+
+
+def test_the_chart_digest_follows_an_edited_or_added_file(tmp_path: Path) -> None:
+    # The renderings are memoized by it: a stale digest would answer with an old chart.
+    (tmp_path / "templates").mkdir()
+    values = tmp_path / "values.yaml"
+    values.write_text("a: 1\n")
+    first = chart_digest(tmp_path)
+    assert chart_digest(tmp_path) == first
+    values.write_text("a: 22\n")
+    second = chart_digest(tmp_path)
+    assert second != first
+    (tmp_path / "templates" / "x.yaml").write_text("")
+    assert chart_digest(tmp_path) not in (first, second)
 
 
 def test_chart_refuses_kubernetes_older_than_1_27(helm: Helm) -> None:
