@@ -84,7 +84,7 @@ def test_a_last_line_without_newline_is_still_relayed() -> None:
 
 _FLOOD = textwrap.dedent(
     """
-    import os, sys, time
+    import fcntl, os, struct, sys, termios, time
     from rbln_device_plugin.telemetry import grpc_relay, logs
 
     logs.install(os.environ)
@@ -102,6 +102,11 @@ _FLOOD = textwrap.dedent(
                 break
             except BlockingIOError:  # the relay's pipe is full for a moment
                 time.sleep(0.001)
+    # Written into the relay's pipe is not yet read by the relay: wait until its thread
+    # has taken every byte, so that the lines met the blocked stderr before the test
+    # drains it (on a loaded machine it lagged, and nothing was dropped: no notice).
+    while struct.unpack("i", fcntl.ioctl(2, termios.FIONREAD, b"\\0" * 4))[0]:
+        time.sleep(0.01)
     print("written", flush=True)
     sys.stdin.readline()  # the test drains stderr now
     relay.stop()
