@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rbln_device_plugin_sim import smi_exe, smi_tool
 from rbln_device_plugin_sim.layout import preset
-from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
+from rbln_device_plugin_sim.node import SimNode, materialize, remove_node, short_tempdir
 from rbln_device_plugin_sim.state import Fault, StateError, StateStore
 
 
@@ -377,3 +377,18 @@ def test_a_listing_from_the_executable_imports_neither_smi_tool_nor_json(
     )
     assert faulted.stdout.splitlines()[-1].endswith(" 5") and "smi_tool" in faulted.stdout
     assert faulted.stderr == "busy\n"
+
+
+def test_removing_a_node_leaves_nothing_of_it_under_its_root() -> None:
+    # `materialize --force` removes only the node's own entries (NODE_ENTRIES): a file the
+    # state store writes and that list forgets would stay behind for ever.
+    root = short_tempdir("rbln-t-")
+    try:
+        node = materialize(preset("rebel-4"), root)
+        node.inject_fault(Fault("error", ("group-create",)))
+        node.clear_faults()
+        assert listing(node, "-j")["devices"]
+        remove_node(root)
+        assert sorted(p.name for p in root.iterdir()) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

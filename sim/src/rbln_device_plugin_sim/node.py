@@ -279,7 +279,8 @@ devices:
 NODE_ENTRIES: Final = (
     "sys", "dev", "bin", "lib", "kubelet", "cdi", "etc-cdi", "run", LAYOUT_FILE,
     "smi-state.json",
-    "smi-state.json.lock", "smi-state.json.held", "layout.json.tmp", "daemon.log",
+    "smi-state.json.lock", "smi-state.json.listings", "smi-state.json.held", "layout.json.tmp",
+    "daemon.log",
     "sim-control.sock",
 )  # fmt: skip
 
