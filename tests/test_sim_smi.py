@@ -342,7 +342,7 @@ def test_a_state_written_behind_the_stores_back_is_left_to_smi_tool(rebel_state:
 
 @pytest.mark.parametrize("damage", ["missing", "empty", "truncated", "no-prefix", "two-parts"])
 def test_a_missing_or_damaged_sidecar_is_left_to_smi_tool(rebel_state: Path, damage: str) -> None:
-    sidecar = StateStore(rebel_state).listings_path
+    sidecar = rebel_state.with_name(rebel_state.name + ".listings")
     whole = sidecar.read_text()
     state_size, _, rest = whole.partition("\n")
     sidecar.unlink() if damage == "missing" else sidecar.write_text(

@@ -10,8 +10,7 @@ only, when that sidecar was rendered from exactly the state text now on disk. An
 else (another command, a fault, a state written behind the store's back, a missing or
 damaged sidecar) goes to ``smi_tool.main``, which is the definition of every behaviour:
 the sidecar holds what ``smi_tool`` itself rendered (``tests/test_sim_smi.py`` checks
-the two agree). The sidecar's format and the names beside the state file are defined
-here, once: ``state`` writes what this module reads.
+the two agree).
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-
-# Beside the state file: the lock every reader and writer holds, and the listings sidecar.
-LOCK_SUFFIX = ".lock"
-LISTINGS_SUFFIX = ".listings"
 
 
 def _listing(argv: list[str]) -> bool | None:
@@ -34,13 +29,8 @@ def _listing(argv: list[str]) -> bool | None:
     return None
 
 
-def pack(parts: tuple[str, ...]) -> str:
-    """A listings sidecar: each part as ``<n>\\n`` then its n characters."""
-    return "".join(f"{len(part)}\n{part}" for part in parts)
-
-
-def unpack(sidecar: str) -> list[str] | None:
-    """The parts ``pack`` joined, or None when the text is not what it writes."""
+def _parts(sidecar: str) -> list[str] | None:
+    """The length-prefixed parts of a listings sidecar (``state.listings_text``)."""
     parts = []
     rest = sidecar
     while rest:
@@ -54,7 +44,7 @@ def unpack(sidecar: str) -> list[str] | None:
 
 def answer_from_sidecar(state_text: str, sidecar: str, with_groups: bool) -> str | None:
     """The listing the sidecar holds for this state text, or None when it holds none."""
-    parts = unpack(sidecar)
+    parts = _parts(sidecar)
     if parts is None or len(parts) != 3 or parts[0] != state_text:
         return None
     return parts[2] if with_groups else parts[1]
@@ -67,12 +57,12 @@ def quick_listing(argv: list[str], state_path: str) -> str | None:
         return None
     try:
         # The lock StateStore.read takes: the state and its sidecar are read as one.
-        fd = os.open(state_path + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(state_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             with open(state_path, encoding="utf-8") as state_file:
                 state_text = state_file.read()
-            with open(state_path + LISTINGS_SUFFIX, encoding="utf-8") as sidecar_file:
+            with open(state_path + ".listings", encoding="utf-8") as sidecar_file:
                 sidecar = sidecar_file.read()
         finally:
             os.close(fd)

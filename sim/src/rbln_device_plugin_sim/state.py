@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from rbln_device_plugin_sim.smi_exe import LISTINGS_SUFFIX, LOCK_SUFFIX, pack
-
 # The four things rbln-smi is asked to do; faults can target any subset of them.
 COMMANDS: Final = ("list", "list-groups", "group-create", "group-delete")
 FAULT_MODES: Final = ("error", "hang", "garbage", "slow")
@@ -158,23 +156,24 @@ def listings_text(state_text: str) -> str | None:
     """The listings sidecar for this state file text, or None when a listing must be decided
     by ``smi_tool`` (a fault is set: it may act on the next listing).
 
-    Three parts (``smi_exe.pack``): the state text, the ``-j`` listing and the ``-g -j``
-    listing. The state text is kept whole so that a reader can tell that the sidecar
-    belongs to the state file it has just read, even when a test rewrote that file behind
-    the store's back.
+    Three length-prefixed parts: ``<n>\\n`` then n characters, for the state text, the
+    ``-j`` listing and the ``-g -j`` listing. The state text is kept whole so that a reader
+    can tell that the sidecar belongs to the state file it has just read, even when a test
+    rewrote that file behind the store's back.
     """
     # Rendered from the text as a reader will load it, not from the state in memory.
     state = SmiState.from_dict(json.loads(state_text))
     if state.faults:
         return None
-    return pack((state_text, listing(state, with_groups=False), listing(state, with_groups=True)))
+    parts = (state_text, listing(state, with_groups=False), listing(state, with_groups=True))
+    return "".join(f"{len(part)}\n{part}" for part in parts)
 
 
 class StateStore:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.lock_path = path.with_name(path.name + LOCK_SUFFIX)
-        self.listings_path = path.with_name(path.name + LISTINGS_SUFFIX)
+        self.lock_path = path.with_name(path.name + ".lock")
+        self.listings_path = path.with_name(path.name + ".listings")
         # Invocations waiting in a HOLD fault: one file each, named by the process id and
         # holding the command; deleting the file releases that invocation.
         self.held_dir = path.with_name(path.name + ".held")
