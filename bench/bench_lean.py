@@ -190,7 +190,9 @@ async def in_process_allocate_row(calls: int) -> Row:
     import io as textio
 
     from rbln_device_plugin import options
+    from rbln_device_plugin.core.devicestate import DeviceState
     from rbln_device_plugin.host import rsd
+    from rbln_device_plugin.kubelet.events import PluginRef
     from rbln_device_plugin.kubelet.plugin import ResourcePlugin
     from rbln_device_plugin.kubelet.services import SharedServices
     from rbln_device_plugin.telemetry import logs
@@ -203,7 +205,9 @@ async def in_process_allocate_row(calls: int) -> Row:
     cfg = options.parse(node.daemon_args("5s"), {})
     io = HostIO()
     scanned = await Scanner(sysfs_root=cfg.sysfs_root, smi_path=cfg.rbln_smi, hostio=io).scan()
-    plugin = ResourcePlugin(NPU, SharedServices(cfg, NoopTracer(), hostio=io))
+    state = DeviceState(NPU, cfg.sysfs_root, io)
+    services = SharedServices(cfg, NoopTracer(), hostio=io)
+    plugin = ResourcePlugin(PluginRef(NPU, 1), services, state, asyncio.Queue())
     await plugin.update(scanned.resources[NPU])
     smi_ms: list[float] = []
     real_run = rsd.run_smi

@@ -15,6 +15,7 @@ import pytest
 from rbln_device_plugin.host import inotify
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.kubelet import watch
+from rbln_device_plugin.kubelet.events import Events, KubeletSocketRecreated
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch
 
 from .fault_helpers import wait_until
@@ -40,21 +41,25 @@ class Kubelet:
 
 
 @asynccontextmanager
-async def watching(directory: Path) -> AsyncIterator[tuple[KubeletSocketWatch, asyncio.Queue[str]]]:
-    restarts: asyncio.Queue[str] = asyncio.Queue()
-    watch = KubeletSocketWatch(directory, lambda: restarts.put_nowait("restart"))
+async def watching(directory: Path) -> AsyncIterator[tuple[KubeletSocketWatch, Events]]:
+    """The watch running on its own, and the session queue its events go to."""
+    restarts: Events = asyncio.Queue()
+    io = HostIO()
+    watch = KubeletSocketWatch(directory, io)
     stop = asyncio.Event()
-    task = asyncio.create_task(watch.run(stop))
+    task = asyncio.create_task(watch.run(stop, restarts))
     try:
         await wait_until(lambda: watch.mode != "starting", 30, "the watch to start")
         yield watch, restarts
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
+        io.close()
 
 
-async def next_restart(restarts: asyncio.Queue[str]) -> str:
-    return await asyncio.wait_for(restarts.get(), 30)  # a hang guard
+async def next_restart(restarts: Events) -> str:
+    event = await asyncio.wait_for(restarts.get(), 30)  # a hang guard
+    return "restart" if isinstance(event, KubeletSocketRecreated) else repr(event)
 
 
 @pytest.fixture
@@ -157,11 +162,18 @@ async def primed_watch(
     directory: Path, io: HostIO
 ) -> tuple[Kubelet, KubeletSocketWatch, list[str]]:
     """A running kubelet stand-in, a watch through ``io`` that knows its socket, and the
-    list each restart the watch sees is appended to."""
+    list each restart the watch counts is appended to."""
     kubelet = Kubelet(directory)
     kubelet.start()
     restarts: list[str] = []
-    socket_watch = KubeletSocketWatch(directory, lambda: restarts.append("restart"), io)
+
+    class Counted(KubeletSocketWatch):
+        async def check(self) -> bool:
+            new = await super().check()
+            restarts.extend("restart" for _ in range(self.restarts - len(restarts)))
+            return new
+
+    socket_watch = Counted(directory, io)
     await socket_watch.prime()
     return kubelet, socket_watch, restarts
 

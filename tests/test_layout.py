@@ -26,6 +26,7 @@ TIERS: tuple[frozenset[str], ...] = (
         {
             "__init__",
             "_version",
+            "aiotasks",
             "_build_version",
             "api",
             "durations",
@@ -38,6 +39,8 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"config", "model"}),  # pure: plain data in, plain data out
     frozenset({"telemetry", "topology"}),
     frozenset({"host", "options"}),
+    # The core: scan -> inventory -> per-resource device state. It knows no front end.
+    frozenset({"core"}),
     frozenset({"kubelet", "inspect"}),
     frozenset({"runtime"}),
     frozenset({"cli"}),
@@ -161,17 +164,22 @@ def test_daemon_imports_point_down_the_layers_without_cycles() -> None:
 
 
 # Inside a layer: who may know whom. The Allocate path runs one way (servicer -> device
-# state -> allocator), the plugin assembles the parts, and no part reaches back up.
+# state -> allocator), the plugin assembles the parts, the session drives the plugins,
+# and no part reaches back up: the session's producers (servicer, plugin, watch) only
+# know its events.
+_KUBELET = f"{DAEMON}.kubelet"
 FORBIDDEN_WITHIN: Mapping[str, frozenset[str]] = {
-    f"{DAEMON}.kubelet.allocate": frozenset(
-        {f"{DAEMON}.kubelet.{m}" for m in ("plugin", "servicer", "devicestate", "preferred")}
+    f"{_KUBELET}.allocate": frozenset(
+        {f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session", "events", "preferred")}
     ),
-    f"{DAEMON}.kubelet.devicestate": frozenset(
-        {f"{DAEMON}.kubelet.plugin", f"{DAEMON}.kubelet.servicer"}
+    f"{_KUBELET}.servicer": frozenset({f"{_KUBELET}.{m}" for m in ("plugin", "session")}),
+    f"{_KUBELET}.plugin": frozenset({f"{_KUBELET}.session"}),
+    f"{_KUBELET}.watch": frozenset({f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session")}),
+    f"{_KUBELET}.events": frozenset(
+        {f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session", "allocate", "watch")}
     ),
-    f"{DAEMON}.kubelet.servicer": frozenset({f"{DAEMON}.kubelet.plugin"}),
-    f"{DAEMON}.kubelet.services": frozenset(
-        {f"{DAEMON}.kubelet.{m}" for m in ("plugin", "servicer", "devicestate", "allocate")}
+    f"{_KUBELET}.services": frozenset(
+        {f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session", "allocate")}
     ),
     f"{DAEMON}.host.proc": frozenset(
         {f"{DAEMON}.host.{m}" for m in ("smi", "rsd", "scan", "sysfs", "devnodes")}
@@ -191,10 +199,16 @@ def test_modules_within_a_layer_keep_their_boundaries() -> None:
         if source in graph and graph[source] & forbidden
     }
     assert wrong == {}
-    # Nothing under kubelet/ knows the scan loop; the Allocate path's parts exist.
-    kubelet = [name for name in graph if name.startswith(f"{DAEMON}.kubelet")]
+    # Nothing under kubelet/ knows the scan loop, nothing in the core a front end; the
+    # Allocate path's parts and the session exist.
+    kubelet = [name for name in graph if name.startswith(_KUBELET)]
     assert not [n for n in kubelet if any(t.startswith(f"{DAEMON}.runtime") for t in graph[n])]
-    assert {f"{DAEMON}.kubelet.allocate", f"{DAEMON}.kubelet.devicestate"} <= set(graph)
+    core = [name for name in graph if name.startswith(f"{DAEMON}.core")]
+    front_ends = (_KUBELET, f"{DAEMON}.inspect", f"{DAEMON}.runtime")
+    assert not [n for n in core if any(t.startswith(front_ends) for t in graph[n])]
+    assert {f"{_KUBELET}.allocate", f"{DAEMON}.core.devicestate", f"{_KUBELET}.session"} <= set(
+        graph
+    )
 
 
 def test_simulator_imports_have_no_cycles() -> None:
@@ -229,8 +243,8 @@ def test_checker_finds_a_cycle_hidden_in_a_function_and_an_upward_import(tmp_pat
         [f"{DAEMON}.kubelet.plugin", f"{DAEMON}.model.pure"],
     ]
     assert upward_imports(graph) == [
-        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet (kubelet, tier 4)",
-        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet.plugin (kubelet, tier 4)",
+        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet (kubelet, tier 5)",
+        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet.plugin (kubelet, tier 5)",
     ]
 
 

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from rbln_device_plugin import aiotasks
+
 T = TypeVar("T")
 
 
@@ -25,9 +27,7 @@ async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> bool
     try:
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
+        await aiotasks.cancel_and_wait(*waiters)
     return any(event.is_set() for event in events)
 
 
@@ -43,12 +43,9 @@ async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     try:
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        stopped.cancel()
-        if not task.done():
-            task.cancel()
-        # gather with return_exceptions turns the two futures' own cancellations into
-        # results, and raises CancelledError only when the caller is cancelled.
-        await asyncio.gather(task, stopped, return_exceptions=True)
+        # The two futures' own cancellations are results there; a cancellation of the
+        # caller is raised (see aiotasks). What ``work`` raised is raised below.
+        await aiotasks.cancel_and_wait(task, stopped)
     if task.cancelled():
         return False
     task.result()

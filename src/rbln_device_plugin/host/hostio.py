@@ -25,8 +25,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
+from rbln_device_plugin import aiotasks
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
 from rbln_device_plugin.waits import call_soon_threadsafe, set_result_threadsafe
@@ -62,6 +63,46 @@ class Stalled:
 class Call(Generic[T]):
     key: str  # what the call touches (a path): the unit of stall bookkeeping
     run: Callable[[], T]  # must not raise; host readers return problems as data
+
+
+class Slot(Generic[T]):
+    """One call's place in a ``HostBatch``: its own result, typed, once the batch ran."""
+
+    __slots__ = ("_filled", "_result", "call")
+
+    def __init__(self, call: Call[T]) -> None:
+        self.call = call
+        self._result: T | Stalled | None = None
+        self._filled = False
+
+    def result(self) -> T | Stalled:
+        if not self._filled:
+            raise RuntimeError(f"the batch holding {self.call.key} has not run")
+        return self._result  # type: ignore[return-value]  # filled: a T or Stalled
+
+    def _fill(self, value: T | Stalled) -> None:
+        self._result, self._filled = value, True
+
+
+class HostBatch:
+    """Calls with results of different types, run as one off-loop batch in the order
+    they were added (one thread hop for all of them); each ``add`` returns the slot that
+    reads that call's result."""
+
+    def __init__(self) -> None:
+        self._slots: list[Slot[Any]] = []
+
+    def add(self, call: Call[T]) -> Slot[T]:
+        slot = Slot(call)
+        self._slots.append(slot)
+        return slot
+
+    async def run(self, io: HostIO, *after: HostBatch) -> None:
+        """Run this batch's calls, then those of each batch in ``after``, in one batch."""
+        slots = [slot for batch in (self, *after) for slot in batch._slots]
+        results = await io.map([slot.call for slot in slots])
+        for slot, value in zip(slots, results, strict=True):
+            slot._fill(value)
 
 
 class _Batch:
@@ -154,9 +195,7 @@ class HostIO:
         wait = self.timeout
         while True:
             try:
-                await asyncio.wait_for(asyncio.shield(finished), wait)
-            except TimeoutError:
-                pass
+                await aiotasks.wait_for_end(finished, wait)
             except asyncio.CancelledError:
                 with batch.lock:
                     batch.abandoned = True

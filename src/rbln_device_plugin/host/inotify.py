@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from rbln_device_plugin import aiotasks
 from rbln_device_plugin.waits import wait_any
 
 IN_MOVED_FROM: Final = 0x00000040
@@ -182,9 +183,8 @@ async def check_entry(
             wanted.clear()  # changes from now on ask for one more check
             await check()
 
-    checker = asyncio.create_task(checks(), name=f"check {name}")
+    checker = aiotasks.start(checks(), f"check {name}")
     try:
         await follow_entry(directory, name, mask, wanted.set, until, poll_s, on_mode)
     finally:
-        checker.cancel()
-        await asyncio.gather(checker, return_exceptions=True)
+        await aiotasks.cancel_and_wait(checker, title=f"watch of {name}")

@@ -1,9 +1,10 @@
-"""Allocate: request validation, then per container an RSD group and specs.
+"""Allocate: per container an RSD group, device nodes and the CDI annotation.
 
-The flow is one way. The resource's device state validates the request and takes the
-final status check (``validate_request``, ``DeviceState.allocation_snapshot``), giving an
-immutable snapshot; ``Allocator.prepare`` builds the containers from it and returns what
-happened, a wanted rescan included, for the servicer to act on.
+The flow is one way. The resource's device state (``core.devicestate``) validates the
+request and takes the final status check, running this allocator's first host calls
+(``look_ahead``) in the same batch, and gives an immutable snapshot;
+``Allocator.prepare`` builds the containers from it and returns what happened, a wanted
+rescan included, for the servicer to act on.
 
 Nothing touches the host before every requested ID matched the plugin's inventory, and
 no RSD group is created before the final status check passed for every distinct device.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -29,8 +29,10 @@ from typing import Any, Final, NoReturn
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2
+from rbln_device_plugin.config import Config
+from rbln_device_plugin.core.requests import SHOWN_ID_CHARS, SHOWN_IDS, AllocationError, Snapshot
 from rbln_device_plugin.host import devnodes, rsd, smi
-from rbln_device_plugin.host.hostio import Call, Stalled
+from rbln_device_plugin.host.hostio import Call, HostBatch, Slot, Stalled
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.inventory import Device
@@ -41,8 +43,6 @@ from rbln_device_plugin.telemetry.tracing import mark_error
 
 CONTAINER_RSD_PATH: Final = "/dev/rsd0"
 PERMISSIONS: Final = "rw"
-_SHOWN_IDS: Final = 8
-_SHOWN_ID_CHARS: Final = 64
 _MAX_MESSAGE_BYTES: Final = 2048
 # Containers that did no work (rejected request, or after an earlier container failed)
 # get a child span each, up to this many per Allocate: no real pod comes near it, and it
@@ -51,23 +51,6 @@ MAX_UNWORKED_CONTAINER_SPANS: Final = 256
 _TRACED_IDS: Final = 256
 
 log = get_logger()
-
-
-class AllocationError(Exception):
-    """Fails the whole Allocate call with INVALID_ARGUMENT and this message."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        logged: bool = False,
-        result: str = m.ALLOCATE_INVALID_REQUEST,
-        rescan_wanted: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.logged = logged  # the per-container failure record was already written
-        self.result = result  # the metrics' result class
-        self.rescan_wanted = rescan_wanted  # the node's devices changed since the last scan
 
 
 def _failure_class(exc: BaseException) -> str:
@@ -79,47 +62,6 @@ def _failure_class(exc: BaseException) -> str:
     if isinstance(exc, rsd.RsdError):  # incl. rbln-smi not found
         return m.ALLOCATE_RSD_GROUP
     return m.ALLOCATE_INTERNAL
-
-
-def _show(ids: Sequence[str]) -> str:
-    shown = [i if len(i) <= _SHOWN_ID_CHARS else i[:_SHOWN_ID_CHARS] + "..." for i in ids]
-    text = ", ".join(repr(i) for i in shown[:_SHOWN_IDS])
-    return text + (f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else "")
-
-
-# The requested devices as the final status check saw them, by device ID.
-Snapshot = Mapping[str, Device]
-
-
-def validate_request(
-    resource: str, requested: Sequence[Sequence[str]], entries: Mapping[str, object]
-) -> list[str]:
-    """Reject bad requests before any host access; the distinct IDs in request order."""
-    if not requested:
-        raise AllocationError(f"{resource}: the request names no containers")
-    owner: dict[str, int] = {}
-    for index, ids in enumerate(requested):
-        if not ids:
-            raise AllocationError(f"{resource}: container {index} requests no devices")
-        unknown = [i for i in dict.fromkeys(ids) if i not in entries]
-        if unknown:
-            raise AllocationError(
-                f"{resource}: unknown device IDs {_show(unknown)} (not managed by this plugin now)"
-            )
-        repeated = [i for i, n in Counter(ids).items() if n > 1]
-        if repeated:
-            raise AllocationError(
-                f"{resource}: container {index} lists {_show(repeated)} more than once"
-            )
-        # Two containers cannot share a device: each gets a group of its own, and the
-        # second group would take the device out of the first.
-        shared = [i for i in ids if owner.setdefault(i, index) != index]
-        if shared:
-            raise AllocationError(
-                f"{resource}: {_show(shared)} requested by more than one container "
-                f"(containers {owner[shared[0]]} and {index})"
-            )
-    return list(owner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,25 +77,47 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True)
 class FirstLook:
-    """The first round of the containers' host checks, taken in the same off-loop batch
-    as the final status reads: what sits at each requested device's node (None: usable),
-    the rbln-smi to run (or why there is none), and per container the RSD lock file
-    opened ahead (``rsd.open_lock_file_ahead``; a container takes its own when its turn
-    comes, ``close`` drops the ones never taken)."""
+    """The first round of the containers' host checks, run in the same off-loop batch as
+    the final status reads (``batch``): what sits at each requested device's node (None:
+    usable), the rbln-smi to run (or why there is none), and per container the RSD lock
+    file opened ahead (``rsd.open_lock_file_ahead``; a container takes its own when its
+    turn comes, ``close`` drops the ones never taken)."""
 
-    node_kinds: Mapping[Path, object]
-    rbln_smi: object
-    lock_files: Sequence[object] = ()
+    batch: HostBatch
+    node_kinds: Mapping[Path, Slot[str | None]]
+    rbln_smi: Slot[Path | smi.SmiNotFound]
+    lock_files: Sequence[Slot[rsd.OpenedLockFile | OSError]]
+
+    @classmethod
+    def build(cls, config: Config, distinct: Sequence[str], containers: int) -> FirstLook:
+        """The calls for the distinct requested IDs: the device nodes, the rbln-smi
+        lookup, then one RSD lock file opened per container."""
+        accept_files = config.test_file_device_nodes
+        batch = HostBatch()
+        kinds = {}
+        for device_id in distinct:
+            path = config.dev_root / device_id
+            look = partial(devnodes.node_kind, path, accept_files)
+            kinds[path] = batch.add(Call(str(path), look))
+        found = batch.add(Call(_SMI_LOOKUP, partial(_lookup, config.rbln_smi)))
+        lock_path = config.rsd_lock_path
+        locks = [
+            batch.add(Call(str(lock_path), partial(rsd.open_lock_file_ahead, lock_path)))
+            for _ in range(containers)
+        ]
+        return cls(batch, kinds, found, locks)
 
     def lock_file(self, container: int) -> rsd.LockFileAhead | None:
         if container < len(self.lock_files):
-            ahead = self.lock_files[container]
-            assert isinstance(ahead, rsd.OpenedLockFile | OSError | Stalled)
-            return ahead
+            return self.lock_files[container].result()
         return None
 
     def close(self) -> None:
-        for ahead in self.lock_files:
+        for slot in self.lock_files:
+            try:
+                ahead = slot.result()
+            except RuntimeError:  # the batch never ran: nothing was opened
+                return
             if isinstance(ahead, rsd.OpenedLockFile):
                 ahead.close()
 
@@ -169,24 +133,21 @@ class Allocator:
         self._metrics = services.metrics
         self._rsd_queue = services.rsd_queue
 
-    def first_calls(self, requested: Sequence[Sequence[str]]) -> FirstCalls:
-        """The containers' first host checks, as calls for the status reads' batch (see
-        ``DeviceState.allocation_snapshot``): they only stat paths and open the RSD lock
-        file (creating it when missing), lock nothing, create no group, and run only once
-        the request passed validation."""
-        return FirstCalls(self._config, len(requested))
+    def look_ahead(self, distinct: Sequence[str], containers: int) -> FirstLook:
+        """The containers' first host checks for a validated request, as calls for the
+        status reads' batch (see ``DeviceState.final_check``): they only stat paths and
+        open the RSD lock file (creating it when missing), lock nothing, create no
+        group, and run only once the request passed validation."""
+        return FirstLook.build(self._config, distinct, containers)
 
     async def prepare(
-        self,
-        requested: Sequence[Sequence[str]],
-        snapshot: Snapshot,
-        first: FirstLook | None = None,
+        self, requested: Sequence[Sequence[str]], snapshot: Snapshot, first: FirstLook
     ) -> Prepared:
         """Every container in order; the first failure ends the call (no rollback)."""
         response = api_pb2.AllocateResponse()
         try:
             for index, ids in enumerate(requested):
-                lock_file = first.lock_file(index) if first is not None else None
+                lock_file = first.lock_file(index)
                 try:
                     container = await self._container(ids, snapshot, first, lock_file)
                 except Exception as exc:
@@ -199,8 +160,7 @@ class Allocator:
                 response.container_responses.append(container)
             return Prepared(response)
         finally:
-            if first is not None:
-                first.close()  # the lock files of containers never attempted
+            first.close()  # the lock files of containers never attempted
 
     async def refuse(
         self,
@@ -217,7 +177,7 @@ class Allocator:
             log.error(
                 "Container allocation failed",
                 resourceName=self._resource,
-                deviceIDs=[i[:_SHOWN_ID_CHARS] for c in requested for i in c][:_SHOWN_IDS],
+                deviceIDs=[i[:SHOWN_ID_CHARS] for c in requested for i in c][:SHOWN_IDS],
                 err=exc,
                 durationMs=_ms(started),
                 exc_info=failure is None,  # a traceback only for the unexpected
@@ -233,8 +193,7 @@ class Allocator:
         """The allocateContainer attributes known before any host access."""
         # IDs here may be anything the client sent: bounded like the error message's.
         shown = [
-            i if len(i) <= _SHOWN_ID_CHARS else i[:_SHOWN_ID_CHARS] + "..."
-            for i in ids[:_TRACED_IDS]
+            i if len(i) <= SHOWN_ID_CHARS else i[:SHOWN_ID_CHARS] + "..." for i in ids[:_TRACED_IDS]
         ]
         attributes: dict[str, Any] = {
             "rbln.resource_name": self._resource,
@@ -273,13 +232,14 @@ class Allocator:
         self,
         ids: Sequence[str],
         snapshot: Snapshot,
-        first: FirstLook | None,
+        first: FirstLook,
         lock_file: rsd.LockFileAhead | None,
     ) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         devices = [snapshot[i] for i in ids]
         # The records pair each ID with its own address (reading them side by side must
-        # not put rbln3 at rbln1's bus); the span attribute is sorted (reference.md §6).
+        # not put rbln3 at rbln1's bus); the span attribute is sorted, as the spec's
+        # tracing section lists it.
         fields: dict[str, Any] = {
             "resourceName": self._resource,
             "deviceIDs": list(ids),
@@ -340,25 +300,15 @@ class Allocator:
         )  # fmt: skip
         return response
 
-    async def _nodes_and_rbln_smi(
-        self, node_paths: Sequence[Path], first: FirstLook | None
-    ) -> Path:
+    async def _nodes_and_rbln_smi(self, node_paths: Sequence[Path], first: FirstLook) -> Path:
         """Wait for the device nodes, then find rbln-smi.
 
-        The first round of both is ``first`` when given (taken beside the status reads),
-        else one thread hop here. Only when a node is not there yet (or is something
-        else) does the usual polling wait follow.
+        The first round of both is ``first`` (taken beside the status reads). Only when a
+        node is not there yet (or is something else) does the usual polling wait follow.
         """
         accept_files = self._config.test_file_device_nodes
-        if first is None:
-            checks: list[Call[object]] = [
-                Call(str(p), partial(devnodes.node_kind, p, accept_files)) for p in node_paths
-            ]
-            checks.append(Call(_SMI_LOOKUP, partial(_lookup, self._config.rbln_smi)))
-            *kinds, found = await self._hostio.map(checks)
-        else:
-            kinds = [first.node_kinds.get(p, "missing") for p in node_paths]
-            found = first.rbln_smi
+        kinds = [first.node_kinds[p].result() for p in node_paths]
+        found = first.rbln_smi.result()
         if any(kind is not None for kind in kinds):
             await devnodes.wait_for_nodes(node_paths, self._hostio, accept_files=accept_files)
         # Not finding rbln-smi is a discovery error to the scan; here it fails the group.
@@ -366,7 +316,6 @@ class Allocator:
             raise rsd.RsdError(str(found)) from found
         if isinstance(found, Stalled):
             raise rsd.RsdError(f"looking for rbln-smi: {found}")
-        assert isinstance(found, Path)
         return found
 
     async def _recreate_group(
@@ -406,36 +355,6 @@ class Allocator:
 
 
 _SMI_LOOKUP: Final = "rbln-smi lookup"
-
-
-class FirstCalls:
-    """Builds the first checks' calls for the distinct requested IDs and reads their
-    results back into a ``FirstLook``: the device nodes, the rbln-smi lookup, then one
-    RSD lock file opened per container."""
-
-    def __init__(self, config: Any, containers: int) -> None:
-        self._config = config
-        self._containers = containers
-        self._paths: list[Path] = []
-
-    def __call__(self, distinct: Sequence[str], known: Mapping[str, Device]) -> list[Call[object]]:
-        accept_files = self._config.test_file_device_nodes
-        self._paths = [self._config.dev_root / known[i].name for i in distinct]
-        lock_path = self._config.rsd_lock_path
-        calls: list[Call[object]] = [
-            Call(str(p), partial(devnodes.node_kind, p, accept_files)) for p in self._paths
-        ]
-        calls.append(Call(_SMI_LOOKUP, partial(_lookup, self._config.rbln_smi)))
-        calls += [
-            Call(str(lock_path), partial(rsd.open_lock_file_ahead, lock_path))
-            for _ in range(self._containers)
-        ]
-        return calls
-
-    def look(self, results: Sequence[object]) -> FirstLook:
-        count = len(self._paths)
-        kinds, found, lock_files = results[:count], results[count], results[count + 1 :]
-        return FirstLook(dict(zip(self._paths, kinds, strict=True)), found, lock_files)
 
 
 def _lookup(configured: Path | None) -> Path | smi.SmiNotFound:

@@ -2,33 +2,40 @@
 
 The plugin serves on its own unix socket before it registers (the kubelet dials back
 inside Register) and owns its registration: whether it is registered, and the one
-registration task that may be running. The device state (``devicestate``) lives exactly
-as long as the plugin; its health history is handed in, so it can outlive the instance
-(a kubelet restart replaces every plugin but keeps each resource's history). The gRPC
-service itself is the ``servicer``.
+registration task that may be running. The device state (``core.devicestate``) is
+opened by the core for this plugin and lives as long as it; its health history is the
+core's, so it outlives the instance (a kubelet restart replaces every plugin but keeps
+each resource's history). The gRPC service itself is the ``servicer``. How an attempt
+ended, and a lost stream, go on the kubelet session's queue as events.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
 import grpc
 
+from rbln_device_plugin import aiotasks
 from rbln_device_plugin.api import API_VERSION, KUBELET_SOCKET
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.core.devicestate import DeviceState
 from rbln_device_plugin.host import paths, pluginsocket
 from rbln_device_plugin.host.hostio import Stalled
 from rbln_device_plugin.host.pluginsocket import SocketPathError
-from rbln_device_plugin.kubelet.devicestate import DeviceState
+from rbln_device_plugin.kubelet.events import (
+    Events,
+    PluginRef,
+    RegistrationEnded,
+    RegistrationError,
+)
 from rbln_device_plugin.kubelet.servicer import DevicePluginServicer, load_deferred, plugin_options
 from rbln_device_plugin.kubelet.services import SharedServices
-from rbln_device_plugin.model.devicetable import Change
-from rbln_device_plugin.model.health import HealthHistory
-from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.model.devicetable import Change, Entry
+from rbln_device_plugin.model.inventory import Device, natural_key
 from rbln_device_plugin.resources import socket_name
 from rbln_device_plugin.telemetry.logs import get_logger
 
@@ -41,26 +48,21 @@ FOREIGN_REMOVED_MSG: Final = "Removed a foreign entry where the device plugin so
 log = get_logger()
 
 
-class RegistrationError(RuntimeError):
-    pass
+__all__ = ["FOREIGN_REMOVED_MSG", "RegistrationError", "ResourcePlugin"]
 
 
 class ResourcePlugin:
     def __init__(
-        self,
-        resource: str,
-        services: SharedServices,
-        history: HealthHistory | None = None,
-        on_stream_lost: Callable[[ResourcePlugin], None] = lambda _: None,
+        self, ref: PluginRef, services: SharedServices, state: DeviceState, events: Events
     ) -> None:
         config = services.config
-        self.resource = resource
-        self.socket_path = config.kubelet_dir / socket_name(resource)
+        self.ref = ref
+        self.resource = ref.resource
+        self.socket_path = config.kubelet_dir / socket_name(ref.resource)
         self.kubelet_socket = config.kubelet_dir / KUBELET_SOCKET
-        self.state = DeviceState(
-            resource, config.sysfs_root, services.hostio, history, services.metrics
-        )
-        self.servicer = DevicePluginServicer(self.state, services, lambda: on_stream_lost(self))
+        self.state = state
+        self.servicer = DevicePluginServicer(ref, state, services, events)
+        self._events = events
         self._hostio = services.hostio
         self._server: grpc.aio.Server | None = None
         self._socket_identity: paths.FileIdentity | None = None
@@ -115,7 +117,7 @@ class ResourcePlugin:
         # A stop that lands during this check still needs its answer to remove the
         # socket: it waits for the same task (see _stop_once).
         self._bound_check = asyncio.ensure_future(self._host(pluginsocket.bound_identity, "check"))
-        self._socket_identity = await asyncio.shield(self._bound_check)
+        self._socket_identity = await aiotasks.run_to_end(self._bound_check)
         await server.start()
 
     async def _host(self, run: Callable[[Path], T | SocketPathError], doing: str) -> T:
@@ -147,19 +149,18 @@ class ResourcePlugin:
     async def stop(self) -> None:
         """Stop serving and remove the socket. A cancelled caller does not cut the stop
         short: it runs to its end, and a later call waits for the same one."""
-        await asyncio.shield(self.begin_stop())
+        await aiotasks.run_to_end(self.begin_stop())
 
     async def _stop_once(self) -> None:
         await self.state.close()
         if self._registration is not None:
-            self._registration.cancel()
-            await asyncio.gather(self._registration, return_exceptions=True)
+            await aiotasks.cancel_and_wait(self._registration, title=f"stop {self.resource}")
             self._registration = None
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
             self._server = None
         if self._bound_check is not None:
-            await asyncio.gather(self._bound_check, return_exceptions=True)
+            await aiotasks.settle_all([self._bound_check])
             check = self._bound_check
             if self._socket_identity is None and not check.cancelled() and not check.exception():
                 self._socket_identity = check.result()
@@ -195,30 +196,29 @@ class ResourcePlugin:
             ) from None
         self._registered = True
 
-    def register_in_background(
-        self, outcome: Callable[[RegistrationError | None], Awaitable[None]]
-    ) -> None:
+    def register_in_background(self, kubelet: paths.FileIdentity | None) -> None:
         """Register in a task of its own unless registered or registering already.
 
-        ``outcome`` hears how the attempt ended (None: registered), and finishes, before
-        the next attempt may start.
+        ``kubelet`` is the kubelet.sock this attempt talks to. How the attempt ended goes
+        on the session's queue, and is handled there, before the next attempt may start.
         """
         if self._registered or self._registration is not None:
             return
-        self._registration = asyncio.create_task(
-            self._register_once(outcome), name=f"register {self.resource}"
+        self._registration = aiotasks.start(
+            self._register_once(kubelet), name=f"register {self.resource}"
         )
 
-    async def _register_once(
-        self, outcome: Callable[[RegistrationError | None], Awaitable[None]]
-    ) -> None:
+    async def _register_once(self, kubelet: paths.FileIdentity | None) -> None:
         try:
+            failure: RegistrationError | None = None
             try:
                 await self.register()
             except RegistrationError as exc:
-                await outcome(exc)
-            else:
-                await outcome(None)
+                failure = exc
+            handled = asyncio.get_running_loop().create_future()
+            self._events.put_nowait(RegistrationEnded(self.ref, kubelet, failure, handled))
+            await handled
+            if failure is None:
                 load_deferred()
         finally:
             self._registration = None
@@ -228,4 +228,35 @@ class ResourcePlugin:
         self._registered = False
 
     def announce(self, failed_attempts: int = 0) -> None:
-        self.state.announce(self.socket_path, failed_attempts)
+        """The narrative of a (re)registration: the plugin, then each device it exposes.
+
+        ``failed_attempts``: registrations that failed before this one (said only if any).
+        From here on, every change is logged as it happens.
+        """
+        counts = self.state.table.counts()
+        after_failures = {"failedAttempts": failed_attempts} if failed_attempts else {}
+        log.info(
+            "Registered device plugin with kubelet",
+            resourceName=self.resource, **counts.fields(), socketPath=str(self.socket_path),
+            **after_failures,
+        )  # fmt: skip
+        entries = self.state.table.entries.values()
+        for entry in sorted(entries, key=lambda e: natural_key(e.device.name)):
+            _log_exposed(self.resource, entry)
+        self.state.report_changes()
+
+
+def _log_exposed(resource: str, entry: Entry) -> None:
+    device = entry.device
+    emit = log.info if entry.healthy else log.warning
+    emit(
+        "Device exposed",
+        resourceName=resource,
+        device=device.name,
+        product=device.product,
+        pciDeviceID=device.pci_device_id,
+        pciBusID=device.bus_id,
+        numa=device.numa if device.numa is not None else "unknown",
+        health=entry.verdict.health.value,
+        status=entry.verdict.describe(),
+    )

@@ -1,23 +1,27 @@
 """The kubelet DevicePlugin service of one resource: it serves the device state.
 
 ListAndWatch streams the state's published view; GetPreferredAllocation asks the
-topology; Allocate runs one way: the state's checked snapshot, then the allocator's
-containers, then this servicer acts on the outcome (a wanted rescan, the answer).
+topology; Allocate runs one way: the state validates the request, the allocator builds
+its first host calls, the state's final check runs them beside the status reads and
+gives a snapshot, the allocator prepares the containers, and this servicer acts on the
+outcome (the answer; a wanted rescan goes on the kubelet session's queue, as does the
+end of the kubelet's stream).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import ModuleType
 from typing import Any
 
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.core.devicestate import DeviceState
 from rbln_device_plugin.host import memory
 from rbln_device_plugin.kubelet.allocate import Allocator
-from rbln_device_plugin.kubelet.devicestate import DeviceState
+from rbln_device_plugin.kubelet.events import Events, PluginRef, RescanWanted, StreamLost
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.devicetable import KubeletDevice
 from rbln_device_plugin.telemetry import metrics as m
@@ -51,18 +55,15 @@ def plugin_options() -> api_pb2.DevicePluginOptions:
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(
-        self,
-        state: DeviceState,
-        services: SharedServices,
-        on_kubelet_stream_lost: Callable[[], None] = lambda: None,
+        self, ref: PluginRef, state: DeviceState, services: SharedServices, events: Events
     ) -> None:
         self.resource = state.resource
+        self._ref = ref
         self._state = state
         self._allocator = Allocator(state.resource, services)
         self._tracer = services.tracer
         self._metrics = services.metrics
-        self._rescan_wanted = services.rescan_wanted
-        self._on_kubelet_stream_lost = on_kubelet_stream_lost
+        self._events = events
         self.open_streams = 0
         # The kubelet opens its ListAndWatch stream right after a registration: the first
         # stream opened after Register was sent is the kubelet's. Other clients' streams
@@ -104,10 +105,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self.open_streams -= 1
             self._metrics.stream_closed(self.resource)
             if not self._state.closed and self._kubelet_stream is token:
-                # The kubelet never reopens a stream on its own: the manager decides whether
+                # The kubelet never reopens a stream on its own: the session decides whether
                 # this is a kubelet restart or a stream lost alone, and registers again.
                 self._kubelet_stream = None
-                self._on_kubelet_stream_lost()
+                self._events.put_nowait(StreamLost(self._ref))
 
     async def GetPreferredAllocation(
         self,
@@ -134,29 +135,33 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 # Every container request gets its allocateContainer child, even when the
                 # request is rejected before any container's turn.
                 try:
+                    checked = self._state.validate(requested)
                     # The containers' first host checks (device nodes, the rbln-smi
                     # lookup, the RSD lock file) run in the final status reads' batch:
                     # one thread hop for all of them.
-                    first_calls = self._allocator.first_calls(requested)
-                    snapshot, results = await self._state.allocation_snapshot(
-                        requested, first_calls
-                    )
-                    first = first_calls.look(results)
+                    first = self._allocator.look_ahead(checked.distinct, len(requested))
                 except Exception as exc:
-                    known = self._state.devices()
-                    self._allocator.unworked_spans(
-                        requested, known, exc, f"request rejected: {exc}"
-                    )
+                    self._unworked(requested, exc)
+                    raise
+                try:
+                    snapshot = await self._state.final_check(checked, first.batch)
+                except Exception as exc:
+                    first.close()
+                    self._unworked(requested, exc)
                     raise
                 prepared = await self._allocator.prepare(requested, snapshot, first)
                 if prepared.rescan_wanted:
-                    self._rescan_wanted.set()
+                    self._events.put_nowait(RescanWanted(self.resource))
                 if prepared.error is not None:
                     raise prepared.error  # inside the span: it records the failure
                 self._metrics.allocation(self.resource, m.OK, time.monotonic() - started)
                 return prepared.response
         except Exception as exc:
             await self._allocator.refuse(context, requested, exc, started)
+
+    def _unworked(self, requested: Sequence[Sequence[str]], exc: Exception) -> None:
+        known = self._state.devices()
+        self._allocator.unworked_spans(requested, known, exc, f"request rejected: {exc}")
 
     async def PreStartContainer(
         self,

@@ -1,5 +1,5 @@
-"""What every resource plugin of one daemon shares: settings, host I/O, telemetry, the
-in-process RSD queue and the scan loop's wake-up."""
+"""What every resource plugin of one daemon shares: settings, host I/O, telemetry and
+the in-process RSD queue."""
 
 from __future__ import annotations
 
@@ -21,6 +21,3 @@ class SharedServices:
     # Serialises this daemon's RSD group changes (every resource plugin), in arrival
     # order, in front of the node-wide RSD file lock.
     rsd_queue: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Set when something a plugin saw makes a scan due now (Allocate found the device
-    # mapping changed); the scan loop waits on it and keeps its schedule.
-    rescan_wanted: asyncio.Event = field(default_factory=asyncio.Event)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Final
@@ -25,6 +24,7 @@ from rbln_device_plugin.api import KUBELET_SOCKET
 from rbln_device_plugin.host import inotify
 from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.host.paths import FileIdentity, file_identity
+from rbln_device_plugin.kubelet.events import Events, KubeletSocketRecreated
 from rbln_device_plugin.telemetry.logs import get_logger
 
 # Polling is the fallback only; with inotify nothing wakes up while the node is idle.
@@ -60,21 +60,21 @@ def kubelet_serving(socket_path: Path) -> bool:
 
 
 class KubeletSocketWatch:
-    """Tracks the identity of ``kubelet.sock``; ``on_restart`` runs for each new one.
+    """Tracks the identity of ``kubelet.sock`` and counts each new one (``restarts``).
 
-    The stat goes through ``hostio`` (off the loop, bounded) when given: the kubelet's
-    directory is a host mount like any other, and one that hangs must not stall the loop.
-    A stat that does not answer changes nothing; the next event or scan asks again.
+    The stat goes through ``hostio`` (off the loop, bounded): the kubelet's directory is
+    a host mount like any other, and one that hangs must not stall the loop. A stat that
+    does not answer changes nothing; the next event or scan asks again. Whoever checks
+    learns of a new socket from ``check``'s answer or from the count; the watch's own
+    task (``run``) also puts ``KubeletSocketRecreated`` on the session's queue.
     """
 
-    def __init__(
-        self, directory: Path, on_restart: Callable[[], None], hostio: HostIO | None = None
-    ) -> None:
+    def __init__(self, directory: Path, hostio: HostIO) -> None:
         self.directory = directory
         self.socket_path = directory / KUBELET_SOCKET
-        self._on_restart = on_restart
         self._hostio = hostio
         self.identity: FileIdentity | None = None
+        self.restarts = 0  # new sockets seen since the start (the first one is no restart)
         self._primed = False
         # One check at a time: a stat that returned late with the old socket must not
         # undo a newer one and count the same restart twice (the watch and each scan check).
@@ -88,7 +88,7 @@ class KubeletSocketWatch:
             self.identity, self._primed = identity, True
 
     async def check(self) -> bool:
-        """Compare the socket with the last one seen; True (and the callback) when new."""
+        """Compare the socket with the last one seen; True (and one more restart) when new."""
         async with self._checking:
             return self._compare(await self._stat())
 
@@ -107,21 +107,25 @@ class KubeletSocketWatch:
             "Detected kubelet socket recreation; restarting device plugins",
             kubeletSocket=str(self.socket_path), hadSocket=previous is not None,
         )  # fmt: skip
-        self._on_restart()
+        self.restarts += 1
         return True
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Watch until ``stop``; switches between inotify and polling as conditions allow."""
+    async def run(self, stop: asyncio.Event, events: Events) -> None:
+        """Watch until ``stop``; switches between inotify and polling as conditions allow.
+        Each new socket this watch finds goes on ``events``."""
         if not self._primed:
             await self.prime()
+
+        async def check_and_tell() -> None:
+            if await self.check():
+                events.put_nowait(KubeletSocketRecreated())
+
         await inotify.check_entry(
-            self.directory, KUBELET_SOCKET, _EVENTS, self.check, (stop,), FALLBACK_POLL_S,
+            self.directory, KUBELET_SOCKET, _EVENTS, check_and_tell, (stop,), FALLBACK_POLL_S,
             on_mode=self._set_mode,
         )  # fmt: skip
 
     async def _stat(self) -> FileIdentity | Stalled | None:
-        if self._hostio is None:
-            return file_identity(self.socket_path)
         return await self._hostio.call(
             str(self.socket_path), partial(file_identity, self.socket_path)
         )

@@ -39,14 +39,14 @@ import warnings
 from collections.abc import Callable
 from typing import Final
 
-from rbln_device_plugin import options
+from rbln_device_plugin import aiotasks, options
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.host.kubeletdir import KubeletDirectory
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.runtime import signals as shutdown_signals
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import ANCHOR_NAME, InstanceLock, InstanceLockError
-from rbln_device_plugin.runtime.kubeletdir import KubeletDirectory
 from rbln_device_plugin.runtime.manager import Manager, ScanHooks
 from rbln_device_plugin.runtime.signals import ShutdownSignals
 from rbln_device_plugin.runtime.watchdog import ScanWatchdog
@@ -194,10 +194,10 @@ async def _serve_locked(
             kubelet_restart=kubelet_restarted,
         ),
     )
-    manager_task = asyncio.create_task(manager.run(stop), name="manager")
-    lock_watch = asyncio.create_task(instance.watch(stop), name="instance-lock-watch")
-    stop_task = asyncio.create_task(stop.wait(), name="stop-signal")
-    lost_task = asyncio.create_task(instance.lost.wait(), name="instance-lock-lost")
+    manager_task = aiotasks.start(manager.run(stop), "manager")
+    lock_watch = aiotasks.start(instance.watch(stop), "instance-lock-watch")
+    stop_task = aiotasks.start(stop.wait(), "stop-signal")
+    lost_task = aiotasks.start(instance.lost.wait(), "instance-lock-lost")
     exit_code = options.EXIT_OK
     try:
         done, _ = await asyncio.wait(
@@ -221,11 +221,9 @@ async def _serve_locked(
             await health.set_ready(False)
         failed_before = manager_task.done()  # its failure, if any, is reported above
         try:
-            await asyncio.wait_for(asyncio.shield(manager_task), SHUTDOWN_BUDGET_S)
-        except TimeoutError:
-            log.warning("Device manager did not stop in time; cancelling")
-            manager_task.cancel()
-            await asyncio.gather(manager_task, return_exceptions=True)
+            if not await aiotasks.wait_for_end(manager_task, SHUTDOWN_BUDGET_S):
+                log.warning("Device manager did not stop in time; cancelling")
+                await aiotasks.cancel_and_wait(manager_task)
         except Exception as exc:
             if not failed_before:
                 # Stopping itself failed: sockets may be left, and that must be heard.
@@ -239,7 +237,5 @@ async def _serve_locked(
             durationMs=round((time.monotonic() - started) * 1000, 1),
         )
     finally:
-        for task in (stop_task, lost_task, lock_watch):
-            task.cancel()
-        await asyncio.gather(stop_task, lost_task, lock_watch, return_exceptions=True)
+        await aiotasks.cancel_and_wait(stop_task, lost_task, lock_watch, title="shutdown")
     return exit_code

@@ -35,6 +35,7 @@ from typing import Final
 
 import h11
 
+from rbln_device_plugin import aiotasks
 from rbln_device_plugin.telemetry.exposition import CONTENT_TYPE
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import call_soon_threadsafe
@@ -118,8 +119,7 @@ class MetricsEndpoint:
     async def stop(self) -> None:
         retry, self._retry = self._retry, None
         if retry is not None:
-            retry.cancel()
-            await asyncio.gather(retry, return_exceptions=True)
+            await aiotasks.cancel_and_wait(retry, title="metrics endpoint")
         self._renderer.close()
         server, self._server = self._server, None
         if server is None:
@@ -192,7 +192,7 @@ class MetricsEndpoint:
             pending = self._renderer.submit()
             self._pending = pending
             pending.add_done_callback(self._render_done)
-        return await asyncio.shield(pending)
+        return await aiotasks.run_to_end(pending)
 
     def _render_done(self, done: asyncio.Future[str]) -> None:
         self._pending = None

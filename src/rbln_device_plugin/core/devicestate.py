@@ -1,25 +1,33 @@
-"""One resource's device state: its table, health history, observe lock, the final
-check before Allocate, and the records of what changed.
+"""One resource's device state: its table, health history, observe lock, request
+validation, the final check before an allocation, and the records of what changed.
 
-It owns the devices; the servicer only serves them. Updates flow one way: a scan's
+It owns the devices; a front end only serves them. Updates flow one way: a scan's
 devices come in through ``update`` and leave, when something the kubelet sees changed,
-as a new published view that ``wait_for_view`` hands to ListAndWatch streams.
+as a new published view that ``wait_for_view`` hands to whoever streams it (the device
+plugin's ListAndWatch). An allocation flows one way too: ``validate``, then
+``final_check`` (the status reads, with the front end's own first host calls in the same
+off-loop batch), then an immutable snapshot the front end prepares containers from.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+from rbln_device_plugin.core.requests import (
+    AllocationError,
+    Snapshot,
+    ValidRequest,
+    validate_request,
+)
 from rbln_device_plugin.host import sysfs
-from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
-from rbln_device_plugin.kubelet.allocate import AllocationError, Snapshot, validate_request
+from rbln_device_plugin.host.hostio import HostBatch, HostIO
 from rbln_device_plugin.model.devicetable import Change, DeviceTable, Entry, KubeletDevice
 from rbln_device_plugin.model.health import Health, HealthHistory, StatusReading
-from rbln_device_plugin.model.inventory import Device, natural_key
+from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
@@ -96,30 +104,24 @@ class DeviceState:
         return self._version != sent or self._closed
 
     # ----------------------------------------------------------------- Allocate
-    async def allocation_snapshot(
-        self,
-        requested: Sequence[Sequence[str]],
-        beside: Callable[[list[str], Snapshot], Sequence[Call[object]]] | None = None,
-    ) -> tuple[Snapshot, list[object]]:
-        """Validate a request against the devices and take the final status check.
+    def validate(self, requested: Sequence[Sequence[str]]) -> ValidRequest:
+        """Check a request against the devices published now (raises AllocationError)."""
+        return validate_request(self.resource, requested, self.table.entries)
 
-        Raises AllocationError for a bad request or an unhealthy device; otherwise
-        returns the requested devices as this check saw them (immutable), and the
-        results of ``beside``'s calls. ``beside`` gets the distinct requested IDs and
-        their devices once the request is valid; its calls (the containers' first host
-        checks) run in the status reads' off-loop batch, after them: one thread hop.
+    async def final_check(self, request: ValidRequest, ahead: HostBatch) -> Snapshot:
+        """The final status check of a valid request's devices: the snapshot to prepare
+        containers from (immutable), or AllocationError naming the unhealthy devices.
+
+        ``ahead`` (the front end's first host calls for this request, which only look
+        and open) runs in the status reads' off-loop batch, after them: one thread hop.
         """
-        entries = self.table.entries
-        distinct = validate_request(self.resource, requested, entries)
         async with self._observe_lock:
-            snapshot = {device_id: entries[device_id].device for device_id in distinct}
-            extra = list(beside(distinct, snapshot)) if beside is not None else []
+            snapshot = {i: request.entries[i].device for i in request.distinct}
             names = [device.name for device in snapshot.values()]
-            reads = cast("list[Call[object]]", sysfs.status_calls(self._sysfs_root, names))
-            results = await self._hostio.map([*reads, *extra])
-            readings = sysfs.statuses(
-                names, cast("list[StatusReading | Stalled]", results[: len(names)])
-            )
+            reads = HostBatch()
+            slots = [reads.add(call) for call in sysfs.status_calls(self._sysfs_root, names)]
+            await reads.run(self._hostio, ahead)
+            readings = sysfs.statuses(names, [slot.result() for slot in slots])
             self._log_unreadable(readings)
             verdicts = self.table.final_check(readings)
         unhealthy = [
@@ -132,7 +134,7 @@ class DeviceState:
                 f"{self.resource}: unhealthy devices requested: {'; '.join(unhealthy)}",
                 result=m.ALLOCATE_UNHEALTHY,
             )
-        return snapshot, results[len(names) :]
+        return snapshot
 
     async def _read_statuses(self, devices: Iterable[Device]) -> dict[str, StatusReading]:
         """One off-loop batch of status reads; a read that hangs counts as unreadable."""
@@ -185,35 +187,7 @@ class DeviceState:
                     **counts,
                 )
 
-    def announce(self, socket_path: Path, failed_attempts: int = 0) -> None:
-        """The narrative of a (re)registration: the plugin, then each device it exposes.
-
-        ``failed_attempts``: registrations that failed before this one (said only if any).
-        From here on, every change is logged as it happens.
-        """
-        counts = self.table.counts()
-        after_failures = {"failedAttempts": failed_attempts} if failed_attempts else {}
-        log.info(
-            "Registered device plugin with kubelet",
-            resourceName=self.resource, **counts.fields(), socketPath=str(socket_path),
-            **after_failures,
-        )  # fmt: skip
-        for entry in sorted(self.table.entries.values(), key=lambda e: natural_key(e.device.name)):
-            _log_exposed(self.resource, entry)
+    def report_changes(self) -> None:
+        """From now on every change is logged as it happens (a front end calls this once
+        it has told its consumer about the devices: before that, changes are the start)."""
         self.announced = True
-
-
-def _log_exposed(resource: str, entry: Entry) -> None:
-    device = entry.device
-    emit = log.info if entry.healthy else log.warning
-    emit(
-        "Device exposed",
-        resourceName=resource,
-        device=device.name,
-        product=device.product,
-        pciDeviceID=device.pci_device_id,
-        pciBusID=device.bus_id,
-        numa=device.numa if device.numa is not None else "unknown",
-        health=entry.verdict.health.value,
-        status=entry.verdict.describe(),
-    )

@@ -1,0 +1,93 @@
+"""What the kubelet session hears: one event type per thing that happened.
+
+The session's producers (each resource plugin, its servicer, the kubelet.sock watch, and
+the scan loop) are handed the session's queue and put these on it; none of them holds a
+reference to the session or to the scan loop. A plugin is named by its resource and the
+serial the session gave it, so an event from a plugin that was replaced since is known
+as stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rbln_device_plugin.host.paths import FileIdentity
+from rbln_device_plugin.model.inventory import Device
+
+
+class RegistrationError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PluginRef:
+    """One plugin instance: a restart makes a new instance (a new serial) per resource."""
+
+    resource: str
+    serial: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLost:
+    """The kubelet's ListAndWatch stream of ``plugin`` ended (a restart, or lost alone)."""
+
+    plugin: PluginRef
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLossSettled:
+    """The grace after ``StreamLost`` passed: now a restart would have shown itself."""
+
+    plugin: PluginRef
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationEnded:
+    """A registration attempt ended (``failure`` None: registered). The attempt waits
+    for ``handled`` before the plugin may start another one."""
+
+    plugin: PluginRef
+    kubelet: FileIdentity | None  # the kubelet.sock the attempt talked to
+    failure: RegistrationError | None
+    handled: asyncio.Future[None] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletSocketRecreated:
+    """The kubelet.sock watch saw a new socket: a kubelet restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class RescanWanted:
+    """Allocate found the node's devices changed since the last scan."""
+
+    resource: str
+
+
+@dataclass(frozen=True, slots=True)
+class BeforeScan:
+    """The scan loop is about to scan: a pending kubelet restart is acted on first."""
+
+    done: asyncio.Future[None] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """The scan's answer: serve exactly ``offered`` (resource -> its devices)."""
+
+    offered: Mapping[str, Sequence[Device]]
+    done: asyncio.Future[None] = field(compare=False)
+
+
+SessionEvent = (
+    StreamLost
+    | StreamLossSettled
+    | RegistrationEnded
+    | KubeletSocketRecreated
+    | RescanWanted
+    | BeforeScan
+    | Reconcile
+)
+Events = asyncio.Queue[SessionEvent]

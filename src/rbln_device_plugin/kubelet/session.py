@@ -1,0 +1,373 @@
+"""The kubelet session: one state machine for everything between this daemon and the
+kubelet, driven by the events on one queue.
+
+State, all of it owned here and changed only by ``run``'s task, one event at a time:
+
+- the kubelet: ``SERVING``; ``RESTARTED`` (a new kubelet.sock: every plugin starts
+  again before anything registers); ``DOWN`` (its streams ended and its socket refuses
+  connections: nothing registers until it serves again or a successor appears);
+- one ``ResourcePlugin`` per offered resource (socket, registration, device state),
+  each with a serial, so an event from a replaced instance is recognised as stale;
+- per resource, the streaks of failed starts and failed registrations (said once per
+  reason; see ``model.streaks``).
+
+Producers put events and never wait for the session, except the scan loop, whose
+``before_scan`` and ``reconcile`` wait until their event was handled. A lost stream is
+judged after a grace (``STREAM_LOSS_GRACE_S``): a kubelet restart ends every stream
+first, and its new socket shows up within it.
+
+Nothing here waits for the kubelet: each registration is a task of its own with the
+kubelet API's 10 s limit, so a kubelet that accepts ``Register`` and never answers
+delays neither the other resources nor the scans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
+from typing import Final, Protocol
+
+from rbln_device_plugin import aiotasks
+from rbln_device_plugin.core.devicestate import DeviceState
+from rbln_device_plugin.host.kubeletdir import KubeletDirectory
+from rbln_device_plugin.kubelet import cdi
+from rbln_device_plugin.kubelet.events import (
+    BeforeScan,
+    Events,
+    KubeletSocketRecreated,
+    PluginRef,
+    Reconcile,
+    RegistrationEnded,
+    RescanWanted,
+    SessionEvent,
+    StreamLossSettled,
+    StreamLost,
+)
+from rbln_device_plugin.kubelet.plugin import ResourcePlugin
+from rbln_device_plugin.kubelet.services import SharedServices
+from rbln_device_plugin.kubelet.watch import KubeletSocketWatch, kubelet_serving
+from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.model.streaks import FailureStreak
+from rbln_device_plugin.telemetry import metrics as m
+from rbln_device_plugin.telemetry.logs import get_logger
+
+# A kubelet restart also ends every stream. Wait this long for its new socket before
+# treating an ended stream as lost on its own (and saying so).
+STREAM_LOSS_GRACE_S: Final = 0.5
+
+log = get_logger()
+
+
+class Kubelet(enum.Enum):
+    SERVING = "serving"
+    RESTARTED = "restarted"  # a new kubelet.sock not acted on yet
+    DOWN = "down"
+
+
+class DeviceStates(Protocol):
+    """Where a new plugin's device state comes from (``core.devices.NodeDevices``)."""
+
+    def open_state(self, resource: str) -> DeviceState: ...
+
+
+async def _nothing() -> None:
+    pass
+
+
+class KubeletSession:
+    def __init__(
+        self,
+        services: SharedServices,
+        states: DeviceStates,
+        wake_scan: asyncio.Event,
+        before_reregistering: Callable[[], Awaitable[None]] = _nothing,
+    ) -> None:
+        config = services.config
+        self._services = services
+        self._states = states
+        self._hostio = services.hostio
+        self._metrics = services.metrics
+        self._cdi_root = config.cdi_root
+        self._wake_scan = wake_scan  # set: scan now, keep the schedule
+        self._before_reregistering = before_reregistering
+        self.events: Events = asyncio.Queue()
+        self.watch = KubeletSocketWatch(config.kubelet_dir, services.hostio)
+        self._kubelet_dir = KubeletDirectory(config.kubelet_dir, services.hostio)
+        self.plugins: dict[str, ResourcePlugin] = {}
+        self.kubelet = Kubelet.SERVING
+        self._restarts_seen = 0
+        self._serials = 0
+        self._registration_failures: dict[str, FailureStreak] = {}
+        self._start_failures: dict[str, FailureStreak] = {}
+        self._grace_timers: set[asyncio.TimerHandle] = set()
+
+    # ----------------------------------------------------------------- the scan loop's
+    async def before_scan(self) -> None:
+        """A kubelet restart seen since the last scan: every plugin stops first."""
+        await self._ask(BeforeScan(asyncio.get_running_loop().create_future()))
+
+    async def reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
+        """Serve exactly ``offered``: start, update, stop and register plugins."""
+        await self._ask(Reconcile(offered, asyncio.get_running_loop().create_future()))
+
+    async def _ask(self, event: BeforeScan | Reconcile) -> None:
+        self.events.put_nowait(event)
+        await event.done
+
+    @property
+    def open_streams(self) -> int:
+        return sum(plugin.open_streams for plugin in self.plugins.values())
+
+    # ----------------------------------------------------------------- the machine
+    async def run(self, stop: asyncio.Event) -> None:
+        """Handle events until ``stop``; the kubelet.sock watch runs beside it."""
+        watcher = aiotasks.start(self.watch.run(stop, self.events), "kubelet-watch")
+        try:
+            while True:
+                event = await self.events.get()
+                await self._handle(event)
+        finally:
+            await aiotasks.cancel_and_wait(watcher, title="kubelet session")
+
+    async def _handle(self, event: SessionEvent) -> None:
+        done = event.done if isinstance(event, BeforeScan | Reconcile) else None
+        try:
+            await self._dispatch(event)
+        except Exception as exc:
+            if done is None:  # a bug must not end the session: the next event comes
+                log.error("Kubelet session event failed", event=repr(event), exc_info=True)
+            elif not done.done():
+                done.set_exception(exc)  # the scan loop's own failure
+        else:
+            if done is not None and not done.done():
+                done.set_result(None)
+        finally:
+            if isinstance(event, RegistrationEnded) and not event.handled.done():
+                event.handled.set_result(None)
+
+    async def _dispatch(self, event: SessionEvent) -> None:
+        self._note_restarts()
+        match event:
+            case BeforeScan():
+                await self._restart_if_kubelet_restarted()
+            case Reconcile(offered=offered):
+                await self._reconcile(offered)
+            case RegistrationEnded():
+                await self._registration_ended(event)
+            case StreamLost(plugin=ref):
+                self._after_grace(ref)
+            case StreamLossSettled(plugin=ref):
+                await self._stream_loss_settled(ref)
+            case RescanWanted():
+                self._wake_scan.set()
+            case KubeletSocketRecreated():
+                pass  # counted by _note_restarts, like a restart any check found
+
+    def _note_restarts(self) -> None:
+        """Every new kubelet.sock any check found (the watch's, a scan's, a judgement's):
+        the scan loop restarts the plugins, in one go."""
+        while self._restarts_seen < self.watch.restarts:
+            self._restarts_seen += 1
+            self.kubelet = Kubelet.RESTARTED
+            self._metrics.kubelet_restart()
+            self._wake_scan.set()
+
+    async def _check_kubelet_socket(self) -> None:
+        await self.watch.check()
+        self._note_restarts()
+
+    # ----------------------------------------------------------------- restarts
+    async def _restart_if_kubelet_restarted(self) -> None:
+        await self._check_kubelet_socket()  # a cheap stat per scan backs up the watch
+        if self.kubelet is Kubelet.RESTARTED:
+            self.kubelet = Kubelet.SERVING
+            await self._before_reregistering()
+            await self.stop_plugins()
+            await self.clean_cdi()
+
+    async def clean_cdi(self) -> None:
+        root = self._cdi_root
+        await self._hostio.call(str(root), partial(cdi.remove_transient_specs, root))
+
+    # ----------------------------------------------------------------- reconciling
+    async def _reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
+        # The kubelet may have restarted while rbln-smi ran: restart first, register once.
+        await self._restart_if_kubelet_restarted()
+        if self.kubelet is Kubelet.DOWN and await self._kubelet_serving():
+            self.kubelet = Kubelet.SERVING  # serving again on the same socket: register
+        await self._stop_absent(offered)
+        # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
+        can_start = await self._kubelet_dir.present() if offered else True
+        for resource in sorted(offered):
+            try:
+                await self._sync_plugin(resource, offered[resource], can_start)
+            except Exception as exc:  # one resource's trouble must not cost the others
+                log.error(
+                    "Cannot update device plugin; retrying next scan",
+                    resourceName=resource, err=exc, exc_info=True,
+                )  # fmt: skip
+
+    async def _stop_absent(self, offered: Mapping[str, Sequence[Device]]) -> None:
+        for resource in sorted(set(self.plugins) - set(offered)):
+            # Kept in self.plugins until stopped: a stop of the session meanwhile still
+            # finds it, so its server and socket never outlive the daemon.
+            plugin = self.plugins[resource]
+            await plugin.update(())  # every device disappears, and is logged as such
+            await plugin.stop()
+            del self.plugins[resource]
+            self._registration_failures.pop(resource, None)
+            self._start_failures.pop(resource, None)
+            log.info("Stopped device plugin for absent resource", resourceName=resource)
+
+    async def _sync_plugin(self, resource: str, devices: Sequence[Device], can_start: bool) -> None:
+        plugin = self.plugins.get(resource)
+        if plugin is not None and not await plugin.socket_intact():
+            # With the kubelet down this is its successor cleaning the directory.
+            emit = log.debug if self.kubelet is Kubelet.DOWN else log.warning
+            emit(
+                "Device plugin socket was removed; restarting the plugin",
+                resourceName=resource, socketPath=str(plugin.socket_path),
+            )  # fmt: skip
+            await plugin.stop()
+            del self.plugins[resource]
+            plugin = None
+        if plugin is None:
+            if not can_start:
+                return
+            plugin = await self._start_plugin(resource)
+            if plugin is None:
+                return
+        await plugin.update(devices)
+        if self.kubelet is not Kubelet.DOWN:
+            plugin.register_in_background(self.watch.identity)  # the kubelet it talks to
+
+    async def _start_plugin(self, resource: str) -> ResourcePlugin | None:
+        self._serials += 1
+        ref = PluginRef(resource, self._serials)
+        state = self._states.open_state(resource)
+        plugin = ResourcePlugin(ref, self._services, state, self.events)
+        # Recorded before it starts, for the same reason as in _stop_absent.
+        self.plugins[resource] = plugin
+        streak = self._start_failures.setdefault(resource, FailureStreak())
+        try:
+            await plugin.start()
+        except (OSError, RuntimeError) as exc:
+            if not await self._kubelet_dir.present():
+                # The directory went between the scan's look and the bind: its own
+                # warning says so, and the plugin starts when the kubelet makes it.
+                emit = log.debug
+            else:
+                # Each scan retries; the same reason is said once (a directory where
+                # the socket belongs stays until someone removes it), a new one again.
+                emit = log.error if streak.failed(str(exc)) else log.debug
+            emit(
+                "Cannot start device plugin server; retrying next scan",
+                resourceName=resource, socketPath=str(plugin.socket_path), err=exc,
+                failedAttempts=streak.failures,
+            )  # fmt: skip
+            await plugin.stop()
+            del self.plugins[resource]
+            return None
+        failed_starts = streak.succeeded()
+        if failed_starts:
+            log.info(
+                "Device plugin server started",
+                resourceName=resource, socketPath=str(plugin.socket_path),
+                failedAttempts=failed_starts,
+            )  # fmt: skip
+        return plugin
+
+    # ----------------------------------------------------------------- registration
+    async def _registration_ended(self, event: RegistrationEnded) -> None:
+        resource, failure = event.plugin.resource, event.failure
+        streak = self._registration_failures.setdefault(resource, FailureStreak())
+        plugin = self.plugins.get(resource)
+        if failure is None:
+            self._metrics.registration(resource, m.OK)
+            if plugin is not None and plugin.ref == event.plugin:
+                plugin.announce(failed_attempts=streak.succeeded())
+            return
+        self._metrics.registration(resource, m.REGISTRATION_FAILED)
+        if await self._registration_overtaken(event):
+            # A kubelet that restarts cleans its directory, our socket with it, and its
+            # call back to us fails: the restart's own records say what happens next.
+            # Still a failed attempt, as the registration metric counts it.
+            streak.failed_quietly()
+            log.debug(
+                "Device plugin registration overtaken by a kubelet restart or a removed socket",
+                resourceName=resource, err=failure, failedAttempts=streak.failures,
+            )  # fmt: skip
+            return
+        # A kubelet that is not there fails every scan: say it once per reason.
+        emit = log.error if streak.failed(str(failure)) else log.debug
+        emit(
+            "Device plugin registration failed; retrying next scan",
+            resourceName=resource, err=failure, failedAttempts=streak.failures,
+        )  # fmt: skip
+
+    async def _registration_overtaken(self, event: RegistrationEnded) -> bool:
+        """True when the kubelet the attempt talked to went away or restarted under it,
+        or the plugin's socket is gone: each is said on its own and starts it again."""
+        if await self._superseded(event.plugin) or self.kubelet is Kubelet.DOWN:
+            return True
+        if event.kubelet is not None and self.watch.identity != event.kubelet:
+            return True
+        plugin = self.plugins[event.plugin.resource]  # not superseded: still this one
+        return not await plugin.socket_intact()
+
+    async def _superseded(self, ref: PluginRef) -> bool:
+        """Looks at kubelet.sock first: True when a kubelet restart is pending or under
+        way, or ``ref`` is no longer the resource's plugin (either starts it again)."""
+        await self._check_kubelet_socket()
+        plugin = self.plugins.get(ref.resource)
+        return self.kubelet is Kubelet.RESTARTED or plugin is None or plugin.ref != ref
+
+    # ----------------------------------------------------------------- lost streams
+    def _after_grace(self, ref: PluginRef) -> None:
+        loop = asyncio.get_running_loop()
+
+        def settle() -> None:
+            self._grace_timers.discard(timer)
+            self.events.put_nowait(StreamLossSettled(ref))
+
+        timer = loop.call_later(STREAM_LOSS_GRACE_S, settle)
+        self._grace_timers.add(timer)
+
+    async def _stream_loss_settled(self, ref: PluginRef) -> None:
+        if await self._superseded(ref):
+            return  # a kubelet restart: every plugin starts again, nothing was lost
+        self.plugins[ref.resource].registration_lost()
+        if not await self._kubelet_serving():
+            if self.kubelet is not Kubelet.DOWN:  # once per outage, whatever the streams
+                self.kubelet = Kubelet.DOWN
+                log.info(
+                    "Kubelet is not serving; waiting for it to start again",
+                    kubeletSocket=str(self.watch.socket_path),
+                )
+            return
+        # The kubelet never reopens a stream on its own: register again.
+        log.warning("ListAndWatch stream ended; registering again", resourceName=ref.resource)
+        self._wake_scan.set()
+
+    async def _kubelet_serving(self) -> bool:
+        path = self.watch.socket_path
+        serving = await self._hostio.call(str(path), partial(kubelet_serving, path))
+        return serving is not False  # a stalled probe: assume serving, registration says
+
+    # ----------------------------------------------------------------- stopping
+    async def stop_plugins(self) -> None:
+        """Stop every plugin, all at once. Each stop begins before the first await and
+        runs to its end even if this is cancelled (see ResourcePlugin.stop); a plugin
+        leaves ``plugins`` only once it has stopped, so a later call still waits for it."""
+        for timer in self._grace_timers:
+            timer.cancel()
+        self._grace_timers.clear()
+        stopping = list(self.plugins.items())
+        outcomes = await aiotasks.settle_all(plugin.begin_stop() for _, plugin in stopping)
+        for (resource, plugin), outcome in zip(stopping, outcomes, strict=True):
+            if self.plugins.get(resource) is plugin:
+                del self.plugins[resource]
+            if isinstance(outcome, Exception):
+                log.error("Cannot stop device plugin cleanly", resourceName=resource, err=outcome)
