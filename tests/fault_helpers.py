@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from rbln_device_plugin.resources import socket_name
+from rbln_device_plugin.model.resources import socket_name
 from rbln_device_plugin.runtime.instancelock import LEGACY_LOCK_NAME, LOCK_DIR
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import Layout, preset

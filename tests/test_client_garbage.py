@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from rbln_device_plugin.resources import socket_name
+from rbln_device_plugin.model.resources import socket_name
 
 from .fault_helpers import NPU, launch
 

@@ -15,7 +15,7 @@ import pytest
 
 from rbln_device_plugin.host.ownfiles import MOVED_ASIDE_MSG
 from rbln_device_plugin.kubelet.plugin import FOREIGN_REMOVED_MSG
-from rbln_device_plugin.resources import socket_name
+from rbln_device_plugin.model.resources import socket_name
 from rbln_device_plugin.runtime.instancelock import (
     ANCHOR_NAME,
     LEGACY_LOCK_NAME,

@@ -31,12 +31,12 @@ TIERS: tuple[frozenset[str], ...] = (
             "api",
             "durations",
             "goints",
-            "resources",
             "shorten",
             "waits",
         }
     ),
-    frozenset({"config", "model"}),  # pure: plain data in, plain data out
+    frozenset({"model"}),  # pure: plain data in, plain data out (the resources included)
+    frozenset({"config"}),  # the frozen settings, naming the resources
     frozenset({"telemetry", "topology"}),
     frozenset({"host", "options"}),
     # The core: scan -> inventory -> per-resource device state. It knows no front end.
@@ -243,8 +243,8 @@ def test_checker_finds_a_cycle_hidden_in_a_function_and_an_upward_import(tmp_pat
         [f"{DAEMON}.kubelet.plugin", f"{DAEMON}.model.pure"],
     ]
     assert upward_imports(graph) == [
-        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet (kubelet, tier 5)",
-        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet.plugin (kubelet, tier 5)",
+        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet (kubelet, tier 6)",
+        f"{DAEMON}.model.pure (model, tier 1) imports {DAEMON}.kubelet.plugin (kubelet, tier 6)",
     ]
 
 

@@ -15,7 +15,7 @@ import pytest
 from rbln_device_plugin.api import KUBELET_SOCKET
 from rbln_device_plugin.host import pluginsocket
 from rbln_device_plugin.host.kubeletdir import FOUND_MSG, MISSING_MSG
-from rbln_device_plugin.resources import socket_name
+from rbln_device_plugin.model.resources import socket_name
 from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir

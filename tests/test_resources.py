@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rbln_device_plugin import resources
-from rbln_device_plugin.model import inventory
+from rbln_device_plugin.model import inventory, resources
 from rbln_device_plugin_sim import tree
 
 CHART = Path(__file__).resolve().parents[1] / "deployments" / "helm" / "k8s-device-plugin-chart"

@@ -24,7 +24,8 @@ if "asyncio" not in sys.modules:
     for _name in _NEVER_USED:
         sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
 
-from rbln_device_plugin import __version__, config, options, resources  # noqa: E402
+from rbln_device_plugin import __version__, config, options  # noqa: E402
+from rbln_device_plugin.model import resources  # noqa: E402
 from rbln_device_plugin.telemetry import grpc_relay, logs  # noqa: E402
 
 IGNORED_SETTING_MSG = "Setting ignored; using its default"

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
-from rbln_device_plugin import resources
 from rbln_device_plugin.durations import format_duration, parse_duration
 from rbln_device_plugin.goints import parse_go_int
+from rbln_device_plugin.model import resources
 
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rbln_device_plugin import resources
+from rbln_device_plugin.model import resources
 from rbln_device_plugin_sim import kubeletcmds, nodecmds
 from rbln_device_plugin_sim.layout import PRESETS, LayoutError
 from rbln_device_plugin_sim.shell import SIM_PROG

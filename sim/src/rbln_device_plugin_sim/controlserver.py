@@ -13,7 +13,7 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
-from rbln_device_plugin import resources
+from rbln_device_plugin.model import resources
 from rbln_device_plugin_sim.control import REREGISTER_WAIT_S, Answer, socket_path
 from rbln_device_plugin_sim.kubelet import KubeletStub, ResourceView
 from rbln_device_plugin_sim.tree import SimError

@@ -19,7 +19,7 @@ from typing import IO, Final
 
 import grpc
 
-from rbln_device_plugin import resources
+from rbln_device_plugin.model import resources
 from rbln_device_plugin_sim import shell
 from rbln_device_plugin_sim.demolog import DaemonLog, folded
 from rbln_device_plugin_sim.kubelet import KubeletStub

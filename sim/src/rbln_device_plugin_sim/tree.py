@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 import rbln_device_plugin_sim
-from rbln_device_plugin import resources
+from rbln_device_plugin.model import resources
 from rbln_device_plugin_sim.layout import SimDevice
 from rbln_device_plugin_sim.state import make_dev_node
 

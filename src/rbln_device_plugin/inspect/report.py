@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from rbln_device_plugin import resources
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
+from rbln_device_plugin.model import resources
 from rbln_device_plugin.model.cdispec import CdiState, Verdict
 from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.health import HealthHistory, StatusReading

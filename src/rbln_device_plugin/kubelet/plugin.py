@@ -36,7 +36,7 @@ from rbln_device_plugin.kubelet.servicer import DevicePluginServicer, load_defer
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.devicetable import Change, Entry
 from rbln_device_plugin.model.inventory import Device, natural_key
-from rbln_device_plugin.resources import socket_name
+from rbln_device_plugin.model.resources import socket_name
 from rbln_device_plugin.telemetry.logs import get_logger
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from rbln_device_plugin import resources
+from rbln_device_plugin.model import resources
 
 # Names kept for the callers of this module; the definitions live in ``resources``.
 RESOURCE_NPU: Final = resources.NPU.name
