@@ -116,30 +116,43 @@ def parse_events(data: bytes) -> list[Event]:
     return events
 
 
+@dataclass(frozen=True, slots=True)
+class WatchedEntry:
+    """One entry of a directory to follow: which events count, and the poll without
+    inotify."""
+
+    directory: os.PathLike[str] | str
+    name: str
+    mask: int
+    poll_s: float
+
+
+def _no_mode(mode: str, reason: str | None) -> None:
+    pass
+
+
 async def follow_entry(
-    directory: os.PathLike[str] | str,
-    name: str,
-    mask: int,
+    entry: WatchedEntry,
     on_change: Callable[[], object],
     until: Sequence[asyncio.Event],
-    poll_s: float,
-    on_mode: Callable[[str, str | None], None] = lambda mode, reason: None,
+    on_mode: Callable[[str, str | None], None] = _no_mode,
 ) -> None:
-    """Call ``on_change`` whenever entry ``name`` of ``directory`` may have changed.
+    """Call ``on_change`` whenever ``entry.name`` of ``entry.directory`` may have changed.
 
     It is called once as each watch starts (for what happened before it existed), on
     every batch of events that names the entry or overflowed the queue, and when the
     directory itself goes, after which a new watch is tried. Without inotify it polls
-    every ``poll_s`` and tries inotify again each time; ``on_mode`` hears "inotify" or
+    every ``entry.poll_s`` and tries inotify again each time; ``on_mode`` hears "inotify" or
     "poll" (with the reason) before each start. Returns once any of ``until`` is set.
     """
+    name = entry.name
     while not any(event.is_set() for event in until):
         try:
-            watch = DirectoryWatch(directory, mask)
+            watch = DirectoryWatch(entry.directory, entry.mask)
         except InotifyUnavailable as exc:
             on_mode("poll", str(exc))
             on_change()
-            await wait_any(*until, timeout=poll_s)
+            await wait_any(*until, timeout=entry.poll_s)
             continue
         gone = asyncio.Event()
 
@@ -159,13 +172,10 @@ async def follow_entry(
 
 
 async def check_entry(
-    directory: os.PathLike[str] | str,
-    name: str,
-    mask: int,
+    entry: WatchedEntry,
     check: Callable[[], Awaitable[object]],
     until: Sequence[asyncio.Event],
-    poll_s: float,
-    on_mode: Callable[[str, str | None], None] = lambda mode, reason: None,
+    on_mode: Callable[[str, str | None], None] = _no_mode,
 ) -> None:
     """``follow_entry`` for a check that awaits (host I/O through HostIO, off the loop).
 
@@ -183,8 +193,8 @@ async def check_entry(
             wanted.clear()  # changes from now on ask for one more check
             await check()
 
-    checker = aiotasks.start(checks(), f"check {name}")
+    checker = aiotasks.start(checks(), f"check {entry.name}")
     try:
-        await follow_entry(directory, name, mask, wanted.set, until, poll_s, on_mode)
+        await follow_entry(entry, wanted.set, until, on_mode)
     finally:
-        await aiotasks.cancel_and_wait(checker, title=f"watch of {name}")
+        await aiotasks.cancel_and_wait(checker, title=f"watch of {entry.name}")

@@ -261,43 +261,53 @@ class Allocator:
                 binary = await self._nodes_and_rbln_smi(node_paths, first)
                 group = await self._recreate_group(binary, devices, lock_file)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
-            except rsd.DeviceMappingChanged as exc:
-                log.error(
-                    "Device mapping changed since the last scan; allocation refused, rescanning",
-                    **fields, device=exc.device, snapshotBusID=exc.snapshot_bus_id,
-                    currentBusID=exc.current_bus_id, durationMs=_ms(started),
-                )  # fmt: skip
-                # Also the failure record every other failed allocation logs, so an
-                # alert keyed on it sees this refusal too.
-                log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
-                raise AllocationError(
-                    f"{self._resource}: {exc}",
-                    logged=True,
-                    result=_failure_class(exc),
-                    rescan_wanted=True,
-                ) from exc
             except Exception as exc:
-                log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
                 # Raised inside the span: the span and its parent record it as an error.
-                raise AllocationError(
-                    f"{self._resource}: {', '.join(ids)}: {exc}",
-                    logged=True,
-                    result=_failure_class(exc),
-                ) from exc
+                raise self._refusal(exc, ids, fields, started) from exc
+        response = self._response(group.host_path, devices, node_paths)
+        log.info(
+            "Completed container allocation",
+            **fields, hostRsdPath=str(group.host_path), durationMs=_ms(started),
+        )  # fmt: skip
+        return response
+
+    def _refusal(
+        self, exc: Exception, ids: Sequence[str], fields: dict[str, Any], started: float
+    ) -> AllocationError:
+        """The container's failure, logged: the error that ends the whole call."""
+        if isinstance(exc, rsd.DeviceMappingChanged):
+            log.error(
+                "Device mapping changed since the last scan; allocation refused, rescanning",
+                **fields, device=exc.device, snapshotBusID=exc.snapshot_bus_id,
+                currentBusID=exc.current_bus_id, durationMs=_ms(started),
+            )  # fmt: skip
+        # Also after the record above: the failure record every failed allocation logs,
+        # so an alert keyed on it sees a renumbering's refusal too.
+        log.error("Container allocation failed", **fields, err=exc, durationMs=_ms(started))
+        if isinstance(exc, rsd.DeviceMappingChanged):
+            return AllocationError(
+                f"{self._resource}: {exc}",
+                logged=True,
+                result=_failure_class(exc),
+                rescan_wanted=True,
+            )
+        return AllocationError(
+            f"{self._resource}: {', '.join(ids)}: {exc}",
+            logged=True,
+            result=_failure_class(exc),
+        )
+
+    def _response(
+        self, rsd_path: Path, devices: Sequence[Device], node_paths: Sequence[Path]
+    ) -> api_pb2.ContainerAllocateResponse:
         response = cdi.container_response(self._config.cdi_mode)
         response.devices.add(
-            container_path=CONTAINER_RSD_PATH,
-            host_path=str(group.host_path),
-            permissions=PERMISSIONS,
+            container_path=CONTAINER_RSD_PATH, host_path=str(rsd_path), permissions=PERMISSIONS
         )
         for device, path in zip(devices, node_paths, strict=True):
             response.devices.add(
                 container_path=f"/dev/{device.name}", host_path=str(path), permissions=PERMISSIONS
             )
-        log.info(
-            "Completed container allocation",
-            **fields, hostRsdPath=str(group.host_path), durationMs=_ms(started),
-        )  # fmt: skip
         return response
 
     async def _nodes_and_rbln_smi(self, node_paths: Sequence[Path], first: FirstLook) -> Path:

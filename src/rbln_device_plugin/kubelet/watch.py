@@ -120,10 +120,8 @@ class KubeletSocketWatch:
             if await self.check():
                 events.put_nowait(KubeletSocketRecreated())
 
-        await inotify.check_entry(
-            self.directory, KUBELET_SOCKET, _EVENTS, check_and_tell, (stop,), FALLBACK_POLL_S,
-            on_mode=self._set_mode,
-        )  # fmt: skip
+        entry = inotify.WatchedEntry(self.directory, KUBELET_SOCKET, _EVENTS, FALLBACK_POLL_S)
+        await inotify.check_entry(entry, check_and_tell, (stop,), on_mode=self._set_mode)
 
     async def _stat(self) -> FileIdentity | Stalled | None:
         return await self._hostio.call(

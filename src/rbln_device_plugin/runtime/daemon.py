@@ -37,6 +37,8 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
 from rbln_device_plugin import aiotasks, options
@@ -144,7 +146,8 @@ async def serve(
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
         recorder.instance_state(m.STATE_SERVING)
-        return await _serve_locked(config, stop, signal_name, health, instance, recorder, hostio)
+        held = _Locked(config, stop, signal_name, health, instance, recorder, hostio)
+        return await _serve_locked(held)
     finally:
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
@@ -157,26 +160,60 @@ def _name(signals: ShutdownSignals) -> str | None:
     return signals.first.name if signals.first is not None else None
 
 
-async def _serve_locked(
-    config: Config,
-    stop: asyncio.Event,
-    signal_name: Callable[[], str | None],
-    health: HealthService | None,
-    instance: InstanceLock,
-    recorder: m.Metrics,
-    hostio: HostIO,
-) -> int:
-    traces = tracing.setup(config)  # the tracer, and the exporter behind it when enabled
+@dataclass(frozen=True, slots=True)
+class _Locked:
+    """What serving holds once the instance lock is taken."""
+
+    config: Config
+    stop: asyncio.Event
+    signal_name: Callable[[], str | None]
+    health: HealthService | None
+    instance: InstanceLock
+    recorder: m.Metrics
+    hostio: HostIO
+
+
+async def _serve_locked(held: _Locked) -> int:
+    traces = tracing.setup(held.config)  # the tracer, and the exporter behind it when on
+    watchdog = ScanWatchdog(held.config.scan_stall_limit, partial(_set_alive, held.health))
+    manager = Manager(
+        SharedServices(held.config, traces.tracer, held.hostio, held.recorder),
+        _scan_hooks(held, watchdog),
+    )
+    stop, instance = held.stop, held.instance
+    manager_task = aiotasks.start(manager.run(stop), "manager")
+    lock_watch = aiotasks.start(instance.watch(stop), "instance-lock-watch")
+    stop_task = aiotasks.start(stop.wait(), "stop-signal")
+    lost_task = aiotasks.start(instance.lost.wait(), "instance-lock-lost")
+    try:
+        done, _ = await asyncio.wait(
+            {manager_task, stop_task, lost_task}, return_when=asyncio.FIRST_COMPLETED
+        )
+        exit_code = _why_stopping(held, manager_task, manager_task in done)
+        started = time.monotonic()
+        stop.set()
+        if held.health is not None:
+            await held.health.set_ready(False)
+        if not await _stop_manager(manager_task):
+            exit_code = options.EXIT_FAILURE
+        watchdog.close()
+        await asyncio.gather(traces.shutdown(), held.recorder.shutdown())
+        log.info(
+            "Shutdown complete",
+            signal=held.signal_name(),
+            durationMs=round((time.monotonic() - started) * 1000, 1),
+        )
+    finally:
+        await aiotasks.cancel_and_wait(stop_task, lost_task, lock_watch, title="shutdown")
+    return exit_code
+
+
+def _scan_hooks(held: _Locked, watchdog: ScanWatchdog) -> ScanHooks:
+    health, instance = held.health, held.instance
 
     async def mark_ready() -> None:
         if health is not None:
             await health.set_ready(True)
-
-    async def set_alive(alive: bool) -> None:
-        if health is not None:
-            await health.set_alive(alive)
-
-    watchdog = ScanWatchdog(config.scan_stall_limit, set_alive)
 
     async def scan_started() -> None:
         watchdog.scan_started()  # a lock check that stalls is part of a stuck scan
@@ -185,57 +222,46 @@ async def _serve_locked(
     async def kubelet_restarted() -> None:
         await instance.check()  # kubelets before 1.33 delete the legacy lock file at start
 
-    manager = Manager(
-        SharedServices(config, traces.tracer, hostio, recorder),
-        ScanHooks(
-            first_scan=mark_ready,
-            scan_start=scan_started,
-            scan_end=watchdog.scan_finished,
-            kubelet_restart=kubelet_restarted,
-        ),
+    return ScanHooks(
+        first_scan=mark_ready,
+        scan_start=scan_started,
+        scan_end=watchdog.scan_finished,
+        kubelet_restart=kubelet_restarted,
     )
-    manager_task = aiotasks.start(manager.run(stop), "manager")
-    lock_watch = aiotasks.start(instance.watch(stop), "instance-lock-watch")
-    stop_task = aiotasks.start(stop.wait(), "stop-signal")
-    lost_task = aiotasks.start(instance.lost.wait(), "instance-lock-lost")
-    exit_code = options.EXIT_OK
+
+
+async def _set_alive(health: HealthService | None, alive: bool) -> None:
+    if health is not None:
+        await health.set_alive(alive)
+
+
+def _why_stopping(held: _Locked, manager_task: asyncio.Task[None], manager_ended: bool) -> int:
+    """The exit code the stop begins with: a lost lock or a manager that ended says so."""
+    loss = held.instance.loss
+    if loss is not None and not held.stop.is_set():
+        log.error(
+            "Instance lock lost; another instance may serve this kubelet directory; exiting",
+            lockPath=str(loss.path), holderPid=loss.holder_pid, reason=loss.reason,
+            exitCode=options.EXIT_LOCK_LOST,
+        )  # fmt: skip
+        return options.EXIT_LOCK_LOST
+    if manager_ended and not held.stop.is_set():
+        failure = manager_task.exception()
+        log.error("Device manager stopped unexpectedly", err=failure or "returned")
+        return options.EXIT_FAILURE
+    return options.EXIT_OK
+
+
+async def _stop_manager(manager_task: asyncio.Task[None]) -> bool:
+    """Let the manager stop within the budget, else cancel it; False when stopping itself
+    failed (sockets may be left, and that must be heard)."""
+    failed_before = manager_task.done()  # its failure, if any, is reported already
     try:
-        done, _ = await asyncio.wait(
-            {manager_task, stop_task, lost_task}, return_when=asyncio.FIRST_COMPLETED
-        )
-        if instance.loss is not None and not stop.is_set():
-            loss = instance.loss
-            log.error(
-                "Instance lock lost; another instance may serve this kubelet directory; exiting",
-                lockPath=str(loss.path), holderPid=loss.holder_pid, reason=loss.reason,
-                exitCode=options.EXIT_LOCK_LOST,
-            )  # fmt: skip
-            exit_code = options.EXIT_LOCK_LOST
-        elif manager_task in done and not stop.is_set():
-            failure = manager_task.exception()
-            log.error("Device manager stopped unexpectedly", err=failure or "returned")
-            exit_code = options.EXIT_FAILURE
-        started = time.monotonic()
-        stop.set()
-        if health is not None:
-            await health.set_ready(False)
-        failed_before = manager_task.done()  # its failure, if any, is reported above
-        try:
-            if not await aiotasks.wait_for_end(manager_task, SHUTDOWN_BUDGET_S):
-                log.warning("Device manager did not stop in time; cancelling")
-                await aiotasks.cancel_and_wait(manager_task)
-        except Exception as exc:
-            if not failed_before:
-                # Stopping itself failed: sockets may be left, and that must be heard.
-                log.error("Device manager failed while stopping", err=exc, exc_info=True)
-                exit_code = options.EXIT_FAILURE
-        watchdog.close()
-        await asyncio.gather(traces.shutdown(), recorder.shutdown())
-        log.info(
-            "Shutdown complete",
-            signal=signal_name(),
-            durationMs=round((time.monotonic() - started) * 1000, 1),
-        )
-    finally:
-        await aiotasks.cancel_and_wait(stop_task, lost_task, lock_watch, title="shutdown")
-    return exit_code
+        if not await aiotasks.wait_for_end(manager_task, SHUTDOWN_BUDGET_S):
+            log.warning("Device manager did not stop in time; cancelling")
+            await aiotasks.cancel_and_wait(manager_task)
+    except Exception as exc:
+        if not failed_before:
+            log.error("Device manager failed while stopping", err=exc, exc_info=True)
+            return False
+    return True

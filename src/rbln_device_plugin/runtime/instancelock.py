@@ -377,10 +377,8 @@ class InstanceLock:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Check at once whenever the primary lock's directory changes, until stop or loss."""
-        await inotify.check_entry(
-            self.path.parent, LOCK_NAME, _WATCH_EVENTS, partial(self.check, create=False),
-            (stop, self.lost), FALLBACK_POLL_S,
-        )  # fmt: skip
+        entry = inotify.WatchedEntry(self.path.parent, LOCK_NAME, _WATCH_EVENTS, FALLBACK_POLL_S)
+        await inotify.check_entry(entry, partial(self.check, create=False), (stop, self.lost))
 
     def release(self) -> None:
         for lock in reversed(self._locks):
