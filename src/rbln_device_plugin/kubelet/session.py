@@ -137,7 +137,7 @@ class KubeletSession:
             await self._dispatch(event)
         except Exception as exc:
             if done is None:  # a bug must not end the session: the next event comes
-                log.error("Kubelet session event failed", event=repr(event), exc_info=True)
+                log.error("Kubelet session event failed", sessionEvent=repr(event), exc_info=True)
             elif not done.done():
                 done.set_exception(exc)  # the scan loop's own failure
         else:

@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from rbln_device_plugin import aiotasks
 from rbln_device_plugin.durations import format_duration
 from rbln_device_plugin.telemetry.logs import get_logger
 
@@ -30,7 +31,7 @@ class ScanWatchdog:
         self._timer: asyncio.TimerHandle | None = None
         self._started = 0.0
         self._stalled = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = aiotasks.TaskSet("scan watchdog")
 
     def scan_started(self) -> None:
         self._disarm()
@@ -67,6 +68,7 @@ class ScanWatchdog:
         self._apply(False)
 
     def _apply(self, alive: bool) -> None:
-        task = asyncio.ensure_future(self._set_alive(alive))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        async def apply() -> None:
+            await self._set_alive(alive)
+
+        self._tasks.spawn(apply(), f"liveness {alive}")
