@@ -173,7 +173,8 @@ FORBIDDEN_WITHIN: Mapping[str, frozenset[str]] = {
         {f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session", "events", "preferred")}
     ),
     f"{_KUBELET}.servicer": frozenset({f"{_KUBELET}.{m}" for m in ("plugin", "session")}),
-    f"{_KUBELET}.plugin": frozenset({f"{_KUBELET}.session"}),
+    f"{_KUBELET}.plugin": frozenset({f"{_KUBELET}.{m}" for m in ("session", "plugins")}),
+    f"{_KUBELET}.plugins": frozenset({f"{_KUBELET}.session"}),
     f"{_KUBELET}.watch": frozenset({f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session")}),
     f"{_KUBELET}.events": frozenset(
         {f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session", "allocate", "watch")}

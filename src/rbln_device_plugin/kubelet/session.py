@@ -27,10 +27,9 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import Final, Protocol
+from typing import Final
 
 from rbln_device_plugin import aiotasks
-from rbln_device_plugin.core.devicestate import DeviceState
 from rbln_device_plugin.host.kubeletdir import KubeletDirectory
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.events import (
@@ -46,6 +45,7 @@ from rbln_device_plugin.kubelet.events import (
     StreamLost,
 )
 from rbln_device_plugin.kubelet.plugin import ResourcePlugin
+from rbln_device_plugin.kubelet.plugins import DeviceStates, PluginSet
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch, kubelet_serving
 from rbln_device_plugin.model.inventory import Device
@@ -66,12 +66,6 @@ class Kubelet(enum.Enum):
     DOWN = "down"
 
 
-class DeviceStates(Protocol):
-    """Where a new plugin's device state comes from (``core.devices.NodeDevices``)."""
-
-    def open_state(self, resource: str) -> DeviceState: ...
-
-
 async def _nothing() -> None:
     pass
 
@@ -85,8 +79,6 @@ class KubeletSession:
         before_reregistering: Callable[[], Awaitable[None]] = _nothing,
     ) -> None:
         config = services.config
-        self._services = services
-        self._states = states
         self._hostio = services.hostio
         self._metrics = services.metrics
         self._cdi_root = config.cdi_root
@@ -95,12 +87,10 @@ class KubeletSession:
         self.events: Events = asyncio.Queue()
         self.watch = KubeletSocketWatch(config.kubelet_dir, services.hostio)
         self._kubelet_dir = KubeletDirectory(config.kubelet_dir, services.hostio)
-        self.plugins: dict[str, ResourcePlugin] = {}
+        self._plugins = PluginSet(services, states, self.events, self._kubelet_dir)
         self.kubelet = Kubelet.SERVING
         self._restarts_seen = 0
-        self._serials = 0
         self._registration_failures: dict[str, FailureStreak] = {}
-        self._start_failures: dict[str, FailureStreak] = {}
         self._grace_timers: set[asyncio.TimerHandle] = set()
 
     # ----------------------------------------------------------------- the scan loop's
@@ -117,8 +107,12 @@ class KubeletSession:
         await event.done
 
     @property
+    def plugins(self) -> Mapping[str, ResourcePlugin]:
+        return self._plugins.by_resource
+
+    @property
     def open_streams(self) -> int:
-        return sum(plugin.open_streams for plugin in self.plugins.values())
+        return self._plugins.open_streams
 
     # ----------------------------------------------------------------- the machine
     async def run(self, stop: asyncio.Event) -> None:
@@ -197,7 +191,8 @@ class KubeletSession:
         await self._restart_if_kubelet_restarted()
         if self.kubelet is Kubelet.DOWN and await self._kubelet_serving():
             self.kubelet = Kubelet.SERVING  # serving again on the same socket: register
-        await self._stop_absent(offered)
+        for resource in await self._plugins.stop_absent(offered):
+            self._registration_failures.pop(resource, None)
         # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
         can_start = await self._kubelet_dir.present() if offered else True
         for resource in sorted(offered):
@@ -209,20 +204,8 @@ class KubeletSession:
                     resourceName=resource, err=exc, exc_info=True,
                 )  # fmt: skip
 
-    async def _stop_absent(self, offered: Mapping[str, Sequence[Device]]) -> None:
-        for resource in sorted(set(self.plugins) - set(offered)):
-            # Kept in self.plugins until stopped: a stop of the session meanwhile still
-            # finds it, so its server and socket never outlive the daemon.
-            plugin = self.plugins[resource]
-            await plugin.update(())  # every device disappears, and is logged as such
-            await plugin.stop()
-            del self.plugins[resource]
-            self._registration_failures.pop(resource, None)
-            self._start_failures.pop(resource, None)
-            log.info("Stopped device plugin for absent resource", resourceName=resource)
-
     async def _sync_plugin(self, resource: str, devices: Sequence[Device], can_start: bool) -> None:
-        plugin = self.plugins.get(resource)
+        plugin = self._plugins.get(resource)
         if plugin is not None and not await plugin.socket_intact():
             # With the kubelet down this is its successor cleaning the directory.
             emit = log.debug if self.kubelet is Kubelet.DOWN else log.warning
@@ -230,63 +213,26 @@ class KubeletSession:
                 "Device plugin socket was removed; restarting the plugin",
                 resourceName=resource, socketPath=str(plugin.socket_path),
             )  # fmt: skip
-            await plugin.stop()
-            del self.plugins[resource]
+            await self._plugins.stop(resource)
             plugin = None
         if plugin is None:
             if not can_start:
                 return
-            plugin = await self._start_plugin(resource)
+            plugin = await self._plugins.start(resource)
             if plugin is None:
                 return
         await plugin.update(devices)
         if self.kubelet is not Kubelet.DOWN:
             plugin.register_in_background(self.watch.identity)  # the kubelet it talks to
 
-    async def _start_plugin(self, resource: str) -> ResourcePlugin | None:
-        self._serials += 1
-        ref = PluginRef(resource, self._serials)
-        state = self._states.open_state(resource)
-        plugin = ResourcePlugin(ref, self._services, state, self.events)
-        # Recorded before it starts, for the same reason as in _stop_absent.
-        self.plugins[resource] = plugin
-        streak = self._start_failures.setdefault(resource, FailureStreak())
-        try:
-            await plugin.start()
-        except (OSError, RuntimeError) as exc:
-            if not await self._kubelet_dir.present():
-                # The directory went between the scan's look and the bind: its own
-                # warning says so, and the plugin starts when the kubelet makes it.
-                emit = log.debug
-            else:
-                # Each scan retries; the same reason is said once (a directory where
-                # the socket belongs stays until someone removes it), a new one again.
-                emit = log.error if streak.failed(str(exc)) else log.debug
-            emit(
-                "Cannot start device plugin server; retrying next scan",
-                resourceName=resource, socketPath=str(plugin.socket_path), err=exc,
-                failedAttempts=streak.failures,
-            )  # fmt: skip
-            await plugin.stop()
-            del self.plugins[resource]
-            return None
-        failed_starts = streak.succeeded()
-        if failed_starts:
-            log.info(
-                "Device plugin server started",
-                resourceName=resource, socketPath=str(plugin.socket_path),
-                failedAttempts=failed_starts,
-            )  # fmt: skip
-        return plugin
-
     # ----------------------------------------------------------------- registration
     async def _registration_ended(self, event: RegistrationEnded) -> None:
         resource, failure = event.plugin.resource, event.failure
         streak = self._registration_failures.setdefault(resource, FailureStreak())
-        plugin = self.plugins.get(resource)
+        plugin = self._plugins.current(event.plugin)
         if failure is None:
             self._metrics.registration(resource, m.OK)
-            if plugin is not None and plugin.ref == event.plugin:
+            if plugin is not None:
                 plugin.announce(failed_attempts=streak.succeeded())
             return
         self._metrics.registration(resource, m.REGISTRATION_FAILED)
@@ -314,15 +260,14 @@ class KubeletSession:
             return True
         if event.kubelet is not None and self.watch.identity != event.kubelet:
             return True
-        plugin = self.plugins[event.plugin.resource]  # not superseded: still this one
-        return not await plugin.socket_intact()
+        plugin = self._plugins.current(event.plugin)  # not superseded: still this one
+        return plugin is None or not await plugin.socket_intact()
 
     async def _superseded(self, ref: PluginRef) -> bool:
         """Looks at kubelet.sock first: True when a kubelet restart is pending or under
         way, or ``ref`` is no longer the resource's plugin (either starts it again)."""
         await self._check_kubelet_socket()
-        plugin = self.plugins.get(ref.resource)
-        return self.kubelet is Kubelet.RESTARTED or plugin is None or plugin.ref != ref
+        return self.kubelet is Kubelet.RESTARTED or self._plugins.current(ref) is None
 
     # ----------------------------------------------------------------- lost streams
     def _after_grace(self, ref: PluginRef) -> None:
@@ -338,7 +283,9 @@ class KubeletSession:
     async def _stream_loss_settled(self, ref: PluginRef) -> None:
         if await self._superseded(ref):
             return  # a kubelet restart: every plugin starts again, nothing was lost
-        self.plugins[ref.resource].registration_lost()
+        plugin = self._plugins.current(ref)
+        if plugin is not None:  # not superseded: still this one
+            plugin.registration_lost()
         if not await self._kubelet_serving():
             if self.kubelet is not Kubelet.DOWN:  # once per outage, whatever the streams
                 self.kubelet = Kubelet.DOWN
@@ -358,16 +305,8 @@ class KubeletSession:
 
     # ----------------------------------------------------------------- stopping
     async def stop_plugins(self) -> None:
-        """Stop every plugin, all at once. Each stop begins before the first await and
-        runs to its end even if this is cancelled (see ResourcePlugin.stop); a plugin
-        leaves ``plugins`` only once it has stopped, so a later call still waits for it."""
+        """Stop every plugin, all at once, and forget the pending stream-loss judgements."""
         for timer in self._grace_timers:
             timer.cancel()
         self._grace_timers.clear()
-        stopping = list(self.plugins.items())
-        outcomes = await aiotasks.settle_all(plugin.begin_stop() for _, plugin in stopping)
-        for (resource, plugin), outcome in zip(stopping, outcomes, strict=True):
-            if self.plugins.get(resource) is plugin:
-                del self.plugins[resource]
-            if isinstance(outcome, Exception):
-                log.error("Cannot stop device plugin cleanly", resourceName=resource, err=outcome)
+        await self._plugins.stop_all()
