@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rbln_device_plugin.host import proc
-from rbln_device_plugin.host.proc import trim_output
+from rbln_device_plugin.host.proc import ERROR_OUTPUT_BYTES
 from rbln_device_plugin.host.smi import (
     DiscoveryError,
     SmiError,
@@ -22,6 +22,7 @@ from rbln_device_plugin.host.smi import (
     parse_inventory,
     run_smi,
 )
+from rbln_device_plugin.shorten import middle_truncate
 from rbln_device_plugin.telemetry import logs
 
 from .fault_helpers import wait_until
@@ -273,10 +274,10 @@ async def test_long_error_output_is_middle_truncated(tmp_path: Path) -> None:
     assert len(message) < 4096 + 300
 
 
-def test_trim_output_keeps_short_text_and_strips() -> None:
-    assert trim_output(b"  hello\n") == "hello"
-    assert trim_output(b"\xffok") == "\ufffdok"
-    long = trim_output(b"a" * 3000 + b"b" * 3000, 4096)
+def test_error_output_is_stripped_and_middle_truncated() -> None:
+    assert middle_truncate(b"  hello\n", ERROR_OUTPUT_BYTES) == "hello"
+    assert middle_truncate(b"\xffok", ERROR_OUTPUT_BYTES) == "\ufffdok"
+    long = middle_truncate(b"a" * 3000 + b"b" * 3000, 4096)
     assert long.startswith("a" * 2048) and long.endswith("b" * 2048)
     assert "[1904 bytes omitted]" in long
 

@@ -15,6 +15,7 @@ from typing import Any, Final, NamedTuple
 
 from rbln_device_plugin.host import proc
 from rbln_device_plugin.model.inventory import Problem, SmiRecord
+from rbln_device_plugin.shorten import middle_truncate
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
@@ -126,7 +127,7 @@ def load_devices(text: str) -> list[Any]:
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        shown = proc.trim_output(text.encode(), 256)
+        shown = middle_truncate(text.encode(), 256)
         raise DiscoveryError(f"rbln-smi printed invalid JSON ({exc}): {shown!r}") from None
     if not isinstance(document, dict):
         raise DiscoveryError(f"rbln-smi JSON is a {type(document).__name__}, not an object")
