@@ -99,10 +99,12 @@ async def test_empty_node_has_no_resources(short_tmp: Path) -> None:
     assert (await scanner(build(short_tmp)).scan()).resources == {}
 
 
-async def test_missing_binary_is_a_discovery_failure(tmp_path: Path) -> None:
+async def test_missing_binary_is_a_discovery_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
     scanner = Scanner(
-        sysfs_root=tmp_path,
-        locate=partial(locate_rbln_smi, None, [tmp_path / "nope"], search_path=str(tmp_path)),
+        sysfs_root=tmp_path, locate=partial(locate_rbln_smi, None, [tmp_path / "nope"])
     )
     with pytest.raises(DiscoveryError, match="rbln-smi not found"):
         await scanner.scan()
@@ -111,14 +113,13 @@ async def test_missing_binary_is_a_discovery_failure(tmp_path: Path) -> None:
 # A failing, garbled or hanging rbln-smi: see test_scan_presets (the same simulator faults).
 
 
-async def test_binary_is_looked_up_on_every_scan(short_tmp: Path) -> None:
+async def test_binary_is_looked_up_on_every_scan(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     node = build(short_tmp, chip("rbln0", "0000:05:00.0", npu=0))
     late = short_tmp / "late" / "rbln-smi"
-    search = str(short_tmp / "empty")
-    scanner = Scanner(
-        sysfs_root=node.sysfs_root,
-        locate=partial(locate_rbln_smi, None, [late], search_path=search),
-    )
+    monkeypatch.setenv("PATH", str(short_tmp / "empty"))
+    scanner = Scanner(sysfs_root=node.sysfs_root, locate=partial(locate_rbln_smi, None, [late]))
     with pytest.raises(DiscoveryError):
         await scanner.scan()
     late.parent.mkdir()

@@ -114,17 +114,19 @@ def test_locate_takes_first_usable_candidate_in_order(tmp_path: Path) -> None:
     assert found == third
 
 
-def test_locate_falls_back_to_path(tmp_path: Path) -> None:
+def test_locate_falls_back_to_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     on_path = make_exec(tmp_path / "bin" / "rbln-smi")
-    found = locate_rbln_smi(
-        None, [tmp_path / "missing"], search_path=f"{tmp_path / 'empty'}:{on_path.parent}"
-    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'empty'}:{on_path.parent}")
+    found = locate_rbln_smi(None, [tmp_path / "missing"])
     assert found == on_path
 
 
-def test_locate_nothing_found_names_the_candidates(tmp_path: Path) -> None:
+def test_locate_nothing_found_names_the_candidates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(DiscoveryError, match=r"rbln-smi not found .*missing"):
-        locate_rbln_smi(None, [tmp_path / "missing"], search_path=str(tmp_path))
+        locate_rbln_smi(None, [tmp_path / "missing"])
 
 
 # --------------------------------------------------------------------- run
