@@ -350,12 +350,12 @@ async def test_lock_held_by_another_process_times_out_without_blocking_the_loop(
     assert lock_is_free(node.lock)
 
 
-async def test_lock_waits_for_a_short_holder(tmp_path: Path) -> None:
+async def test_lock_waits_for_a_short_holder(tmp_path: Path, hostio: HostIO) -> None:
     lock = tmp_path / "l"
     order: list[str] = []
 
     async def user(name: str, hold: float) -> None:
-        async with rsd_lock(lock):
+        async with rsd_lock(lock, hostio=hostio):
             order.append(f"{name}+")
             await asyncio.sleep(hold)
             order.append(f"{name}-")

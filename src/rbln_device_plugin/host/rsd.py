@@ -206,13 +206,13 @@ async def rsd_lock(
     timeout: float = LOCK_TIMEOUT_S,  # noqa: ASYNC109 - a lock-wait budget
     retry: float = LOCK_RETRY_S,
     metrics: m.Metrics = m.NOOP,
-    hostio: HostIO | None = None,
+    hostio: HostIO,
     opened: LockFileAhead | None = None,
 ) -> AsyncIterator[int]:
     """Hold an exclusive flock on ``path``; released on every exit path.
 
     Yields the locked descriptor, for the tools that must hold the lock too. The file is
-    created and opened through ``hostio`` when given: off the event loop, with its bound
+    created and opened through ``hostio``: off the event loop, with its bound
     (``/run/rbln`` is a host directory like any other); ``opened`` is that open done
     ahead (``open_lock_file_ahead``), whose descriptor this then owns.
     """
@@ -223,8 +223,6 @@ async def rsd_lock(
             raise RsdError(f"cannot open RSD lock file {path}: {opened}")
         elif isinstance(opened, OSError):
             raise opened
-        elif hostio is None:
-            fd = _open_lock_file(path)
         else:
             result = await hostio.call(str(path), partial(_open_lock_file, path))
             if isinstance(result, Stalled):

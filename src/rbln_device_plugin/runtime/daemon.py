@@ -128,7 +128,7 @@ async def serve(
     recorder = await metrics_setup.start(config)  # before any wait: a waiting instance shows
     # The daemon's one runner of blocking host calls: the lock files, then the scans.
     hostio = HostIO(metrics=recorder)
-    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME, hostio)
+    instance = InstanceLock(config.kubelet_dir, hostio, config.rsd_lock_path.parent / ANCHOR_NAME)
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the
