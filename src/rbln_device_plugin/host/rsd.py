@@ -92,14 +92,6 @@ class RsdGroup:
     host_path: Path  # <dev root>/rsd<group_id>
 
 
-def parse_groups(text: str) -> list[GroupEntry]:
-    """``rbln-smi -g -j``; RsdError when it cannot be trusted (see ``smi.parse_groups``)."""
-    try:
-        return smi.parse_groups(text)
-    except (DiscoveryError, ValueError) as exc:
-        raise RsdError(str(exc)) from None
-
-
 def check_mapping(entries: Sequence[GroupEntry], expected: Mapping[str, str]) -> None:
     """Raise DeviceMappingChanged unless each name in ``expected`` (name -> lowercase bus
     ID) is listed at exactly that bus ID, and that bus ID under exactly that name."""
@@ -307,7 +299,10 @@ class GroupSteps:
     async def listing(self) -> list[GroupEntry]:
         timings = self._host.timings
         text = await self._run(["-g", "-j"], timings.listing, "listing RSD groups")
-        entries = parse_groups(text)
+        try:  # a listing that cannot be trusted (see ``smi.parse_groups``)
+            entries = smi.parse_groups(text)
+        except (DiscoveryError, ValueError) as exc:
+            raise RsdError(str(exc)) from None
         if self._expected is not None:
             check_mapping(entries, self._expected)
         return entries
