@@ -32,10 +32,7 @@ moment it starts.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
-import warnings
 from collections.abc import Callable
 from typing import Final
 
@@ -62,29 +59,11 @@ log = get_logger()
 def run(config: Config) -> int:
     """Run the daemon until a shutdown signal; return the process exit code."""
     signals = shutdown_signals.install()  # normally done by cli, before the first record
-    _watch_children_with_pidfds()
     try:
         return asyncio.run(_serve(config, signals))
     except Exception as exc:
         log.error("Unexpected internal error; exiting", err=exc, exc_info=True)
         return options.EXIT_FAILURE
-
-
-def _watch_children_with_pidfds() -> None:
-    """Learn of rbln-smi's exit from a pidfd on the event loop, not a thread per process.
-
-    Python 3.11's default starts a waiter thread for every subprocess (every scan, every
-    Allocate); 3.12 and later already use pidfds where the kernel has them.
-    """
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # kernel before 5.3, or seccomp forbids it: keep the default
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
 
 
 async def _serve(config: Config, signals: ShutdownSignals) -> int:
