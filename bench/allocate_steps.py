@@ -75,7 +75,7 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _install_hooks(out: Path) -> None:
-    from rbln_device_plugin.host import hostio, proc, rsd
+    from rbln_device_plugin.host import hostio, proc, rsd, smi
     from rbln_device_plugin.kubelet import allocate, servicer
 
     handler = servicer.DevicePluginServicer.Allocate
@@ -100,7 +100,7 @@ def _install_hooks(out: Path) -> None:
     proc._start = _timed("spawn", proc._start)
     proc._Child.__init__ = _timed("watch", proc._Child.__init__)  # type: ignore[method-assign]
     proc._Child.collect = _timed_async("collect", proc._Child.collect)  # type: ignore[method-assign]
-    rsd.parse_groups = _timed("parse", rsd.parse_groups)
+    smi.parse_groups = _timed("parse", smi.parse_groups)
     rsd.check_mapping = _timed("parse", rsd.check_mapping)
     rsd.wait_for_nodes = _timed_async("node", rsd.wait_for_nodes)
     rsd_lock = rsd.rsd_lock

@@ -22,6 +22,8 @@ from . import bytecode
 
 bytecode.cache_outside_the_tree()
 
+from rbln_device_plugin.host.hostio import HostIO  # noqa: E402
+
 from . import kubelet_peer  # noqa: E402
 from .realnode.fixtures import prepare_session, realnode, realnode_plugin  # noqa: E402
 
@@ -36,6 +38,16 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def hostio() -> Iterator[HostIO]:
+    """A real runner of blocking host calls, as the daemon has one; its threads end after."""
+    io = HostIO()
+    try:
+        yield io
+    finally:
+        io.close()
 
 
 # gRPC's and asyncio's own Python log records (a cancelled RPC, a callback that failed)

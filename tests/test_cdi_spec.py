@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rbln_device_plugin import config
 from rbln_device_plugin.host import cdidirs
-from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dir
+from rbln_device_plugin.host.cdidirs import SpecDirReader
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.model import cdispec
 from rbln_device_plugin.model.cdispec import (
@@ -220,7 +220,7 @@ def states(directory: cdispec.SpecDir) -> dict[str, tuple[FileState, str]]:
 
 
 def test_hostile_files_are_reported_and_never_read_unsafely(hostile: Path) -> None:
-    seen = states(read_spec_dir(str(hostile)))
+    seen = states(SpecDirReader().read(str(hostile)))
     malformed = {name for name, (state, _) in seen.items() if state is FileState.MALFORMED}
     assert {"empty.yaml", "garbage.yaml", "slash.yaml", "loop-a.yaml", "loop-b.yaml",
             "dangling.yaml", "fifo.yaml"} <= malformed  # fmt: skip
@@ -232,7 +232,7 @@ def test_hostile_files_are_reported_and_never_read_unsafely(hostile: Path) -> No
     assert "FIFO" in seen["fifo.yaml"][1] and "loop" in seen["loop-a.yaml"][1]
     if os.geteuid() != 0:  # root reads a mode-0 file anyway, as the runtime would
         assert seen["unreadable.yaml"][0] is FileState.UNCHECKED
-    verdict = resolve([read_spec_dir(str(hostile))])
+    verdict = resolve([SpecDirReader().read(str(hostile))])
     # root: the mode-0 copy of the good spec is readable, and it defines the device.
     expected = CdiState.PRESENT if os.geteuid() == 0 else CdiState.UNKNOWN
     assert verdict.state is expected
@@ -252,10 +252,10 @@ def test_a_sibling_symlink_is_followed_and_changes_are_noticed(tmp_path: Path) -
 
 
 def test_a_directory_that_cannot_be_seen_is_not_missing(tmp_path: Path) -> None:
-    gone = read_spec_dir(str(tmp_path / "absent"))
+    gone = SpecDirReader().read(str(tmp_path / "absent"))
     assert "does not exist here" in gone.error
     (tmp_path / "file").write_text("")
-    assert "not a directory" in read_spec_dir(str(tmp_path / "file")).error
+    assert "not a directory" in SpecDirReader().read(str(tmp_path / "file")).error
     assert resolve([gone]).state is CdiState.UNKNOWN
 
 
@@ -265,7 +265,7 @@ def test_the_listing_cap_leaves_the_rest_unchecked(
     monkeypatch.setattr(cdidirs, "MAX_SPEC_FILES", 3)
     for index in range(5):
         (tmp_path / f"x{index}.yaml").write_text(spec_text(kind="vendor.com/gpu"))
-    listed = read_spec_dir(str(tmp_path))
+    listed = SpecDirReader().read(str(tmp_path))
     assert len(listed.files) == 3 and listed.truncated == 2
     assert resolve([listed]).state is CdiState.UNKNOWN
 

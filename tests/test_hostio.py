@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rbln_device_plugin.host.hostio import HOST_IO_TIMEOUT_S, Call, HostIO, Stalled
-from rbln_device_plugin.host.paths import ensure_dir, ensure_subdir
+from rbln_device_plugin.host.paths import ensure_dir
 
 from .fault_helpers import wait_until
 
@@ -165,20 +165,8 @@ async def test_a_device_node_check_that_hangs_fails_the_wait_naming_why(
         release.set()
 
 
-def test_ensure_subdir_never_makes_its_parent(tmp_path: Path) -> None:
-    missing = tmp_path / "kubelet"
-    with pytest.raises(FileNotFoundError):
-        ensure_subdir(missing, "rbln-device-plugin")
-    assert not missing.exists()
-    missing.mkdir()
-    made = ensure_subdir(missing, "rbln-device-plugin")
-    assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o750
-    assert ensure_subdir(missing, "rbln-device-plugin") == made  # already there: fine
-
-
-@pytest.mark.parametrize("make", ["ensure_dir", "ensure_subdir"])
 def test_a_directory_swapped_for_a_symlink_after_mkdir_never_passes_its_mode_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The race a writer of the parent can win: the daemon's new directory replaced by a
     # symlink to one of the host's between the mkdir and the mode change.
@@ -197,10 +185,7 @@ def test_a_directory_swapped_for_a_symlink_after_mkdir_never_passes_its_mode_on(
 
     monkeypatch.setattr(Path, "mkdir", mkdir_then_swap)
     with pytest.raises(OSError):
-        if make == "ensure_dir":
-            ensure_dir(parent / "rbln")
-        else:
-            ensure_subdir(parent, "rbln")
+        ensure_dir(parent / "rbln")
     assert (victim.stat().st_mode & 0o777) == 0o755
 
 

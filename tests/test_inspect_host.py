@@ -148,11 +148,13 @@ def test_sysfs_listing_of_an_empty_root_is_empty(tmp_path: Path) -> None:
 # --------------------------------------------------------------------- rbln-smi search
 
 
-def test_not_found_lists_candidates_then_path_without_repeats(tmp_path: Path) -> None:
+def test_not_found_lists_candidates_then_path_without_repeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first, second = tmp_path / "a" / "rbln-smi", tmp_path / "b" / "rbln-smi"
-    search = os.pathsep.join([str(first.parent), str(tmp_path / "c")])
+    monkeypatch.setenv("PATH", os.pathsep.join([str(first.parent), str(tmp_path / "c")]))
     with pytest.raises(SmiNotFound) as caught:
-        locate_rbln_smi(None, [first, second], search_path=search)
+        locate_rbln_smi(None, [first, second])
     assert caught.value.tried == (first, second, tmp_path / "c" / "rbln-smi")
     assert isinstance(caught.value, DiscoveryError)  # the daemon still catches it
     assert str(tmp_path / "c") in str(caught.value)

@@ -34,14 +34,14 @@ def holds(path: Path) -> bool:
     return False
 
 
-async def held_lock(directory: Path) -> InstanceLock:
-    lock = InstanceLock(directory)
+async def held_lock(directory: Path, hostio: HostIO) -> InstanceLock:
+    lock = InstanceLock(directory, hostio)
     assert await lock.acquire(asyncio.Event())
     return lock
 
 
-async def test_both_files_are_locked_and_name_the_holder(tmp_path: Path) -> None:
-    lock = await held_lock(tmp_path)
+async def test_both_files_are_locked_and_name_the_holder(tmp_path: Path, hostio: HostIO) -> None:
+    lock = await held_lock(tmp_path, hostio)
     try:
         for path in (tmp_path / LOCK_DIR / LOCK_NAME, tmp_path / LEGACY_LOCK_NAME):
             assert holds(path)
@@ -51,8 +51,8 @@ async def test_both_files_are_locked_and_name_the_holder(tmp_path: Path) -> None
     assert not holds(tmp_path / LOCK_DIR / LOCK_NAME)
 
 
-async def test_a_deleted_file_nobody_took_is_locked_again(tmp_path: Path) -> None:
-    lock = await held_lock(tmp_path)
+async def test_a_deleted_file_nobody_took_is_locked_again(tmp_path: Path, hostio: HostIO) -> None:
+    lock = await held_lock(tmp_path, hostio)
     try:
         (tmp_path / LEGACY_LOCK_NAME).unlink()  # what kubelets before 1.33 do
         shutil.rmtree(tmp_path / LOCK_DIR)
@@ -65,8 +65,8 @@ async def test_a_deleted_file_nobody_took_is_locked_again(tmp_path: Path) -> Non
         lock.release()
 
 
-async def test_a_replacement_someone_else_holds_is_a_loss(tmp_path: Path) -> None:
-    lock = await held_lock(tmp_path)
+async def test_a_replacement_someone_else_holds_is_a_loss(tmp_path: Path, hostio: HostIO) -> None:
+    lock = await held_lock(tmp_path, hostio)
     other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(other, fcntl.LOCK_EX)
@@ -80,8 +80,10 @@ async def test_a_replacement_someone_else_holds_is_a_loss(tmp_path: Path) -> Non
         lock.release()
 
 
-async def test_a_file_where_the_lock_directory_was_is_moved_aside(tmp_path: Path) -> None:
-    lock = await held_lock(tmp_path)
+async def test_a_file_where_the_lock_directory_was_is_moved_aside(
+    tmp_path: Path, hostio: HostIO
+) -> None:
+    lock = await held_lock(tmp_path, hostio)
     try:
         shutil.rmtree(tmp_path / LOCK_DIR)
         (tmp_path / LOCK_DIR).write_text("a file where the lock directory was")
@@ -93,8 +95,8 @@ async def test_a_file_where_the_lock_directory_was_is_moved_aside(tmp_path: Path
         lock.release()
 
 
-async def test_the_watch_notices_a_takeover_at_once(tmp_path: Path) -> None:
-    lock = await held_lock(tmp_path)
+async def test_the_watch_notices_a_takeover_at_once(tmp_path: Path, hostio: HostIO) -> None:
+    lock = await held_lock(tmp_path, hostio)
     stop = asyncio.Event()
     watch = asyncio.create_task(lock.watch(stop))
     other = os.open(tmp_path / LOCK_DIR / "other", os.O_RDWR | os.O_CREAT)
@@ -119,12 +121,12 @@ def test_a_missing_kubelet_directory_is_never_created(tmp_path: Path) -> None:
 
 
 def test_the_anchor_is_waited_on_whatever_happens_to_the_kubelet_directory(
-    tmp_path: Path,
+    tmp_path: Path, hostio: HostIO
 ) -> None:
     kubelet_dir, run = tmp_path / "kubelet", tmp_path / "run"
     kubelet_dir.mkdir()
-    first = InstanceLock(kubelet_dir, run / "anchor.lock")
-    second = InstanceLock(kubelet_dir, run / "anchor.lock")
+    first = InstanceLock(kubelet_dir, hostio, run / "anchor.lock")
+    second = InstanceLock(kubelet_dir, hostio, run / "anchor.lock")
 
     async def scenario() -> None:
         assert await first.acquire(asyncio.Event())

@@ -82,11 +82,10 @@ async def test_small_requests_stay_on_the_loop_large_ones_go_to_a_thread(
     assert len(handed) == 1
 
 
-async def test_a_capped_search_answers_in_full_and_warns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preferred, "SEARCH_CAP", 1)
+async def test_a_capped_search_answers_in_full_and_warns() -> None:
     with capture_logs() as logs:
         ids = await preferred.choose(
-            "rebellions.ai/npu", table(DEVICES), request(IDS, ["rbln7"], 40)
+            "rebellions.ai/npu", table(DEVICES), request(IDS, ["rbln7"], 40), cap=1
         )
     assert len(set(ids)) == 40 and ids[0] == "rbln7"
     (warn,) = [e for e in logs if e["log_level"] == "warning"]

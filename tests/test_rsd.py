@@ -34,6 +34,8 @@ from rbln_device_plugin.host.rsd import (
     GroupEntry,
     RsdError,
     RsdGroup,
+    RsdHost,
+    RsdTimings,
     groups_to_destroy,
     next_group_id,
     recreate_rsd_group,
@@ -92,12 +94,21 @@ class RsdNode:
             state.dev_root = str(elsewhere)
 
     async def recreate(
-        self, bus_ids: list[str], hostio: HostIO | None = None, **kw: Any
+        self,
+        bus_ids: list[str],
+        hostio: HostIO | None = None,
+        timings: RsdTimings | None = None,
+        **kw: Any,
     ) -> RsdGroup:
-        return await recreate_rsd_group(
-            self.sim.smi_path, bus_ids, hostio or HostIO(), lock_path=self.lock,
-            dev_root=self.dev, accept_file_nodes=True, **kw,
-        )  # fmt: skip
+        """``recreate_rsd_group`` here, through ``hostio`` or a HostIO of its own."""
+        io = hostio or HostIO()
+        timings = timings or RsdTimings()
+        host = RsdHost(io, self.lock, self.dev, accept_file_nodes=True, timings=timings)
+        try:
+            return await recreate_rsd_group(host, self.sim.smi_path, bus_ids, **kw)
+        finally:
+            if hostio is None:
+                io.close()
 
 
 class InLoopHostIO(HostIO):
@@ -254,7 +265,7 @@ async def test_hanging_command_times_out_and_releases_the_lock(node: RsdNode) ->
     # The fault hangs for an hour: a recreation that waited for it would hang the test.
     node.fault(Fault("hang", ("group-create",)))
     with pytest.raises(RsdError, match=r"creating group 1: .*timed out"):
-        await node.recreate([BUS[0]], change_timeout=0.5)
+        await node.recreate([BUS[0]], timings=RsdTimings(change=0.5))
     assert lock_is_free(node.lock)
     assert node.groups() == ["0"] * 4
 
@@ -262,13 +273,13 @@ async def test_hanging_command_times_out_and_releases_the_lock(node: RsdNode) ->
 async def test_missing_rsd_node_fails_after_polling(node: RsdNode) -> None:
     node.no_node()
     with pytest.raises(RsdError, match=r"created group 1, but .*rsd1 did not appear within 0.3 s"):
-        await node.recreate([BUS[0]], node_timeout=0.3)
+        await node.recreate([BUS[0]], timings=RsdTimings(node=0.3))
     assert lock_is_free(node.lock)
 
 
 async def test_cancellation_releases_the_lock(node: RsdNode) -> None:
     node.no_node()
-    task = asyncio.create_task(node.recreate([BUS[0]], node_timeout=60))
+    task = asyncio.create_task(node.recreate([BUS[0]], timings=RsdTimings(node=60)))
     # The group exists; the recreation polls for a node that never comes: cancel it there.
     await wait_until(lambda: node.groups()[0] == "1", 30, "group 1 to be created")
     assert not task.done()
@@ -350,12 +361,12 @@ async def test_lock_held_by_another_process_times_out_without_blocking_the_loop(
     assert lock_is_free(node.lock)
 
 
-async def test_lock_waits_for_a_short_holder(tmp_path: Path) -> None:
+async def test_lock_waits_for_a_short_holder(tmp_path: Path, hostio: HostIO) -> None:
     lock = tmp_path / "l"
     order: list[str] = []
 
     async def user(name: str, hold: float) -> None:
-        async with rsd_lock(lock):
+        async with rsd_lock(lock, hostio=hostio):
             order.append(f"{name}+")
             await asyncio.sleep(hold)
             order.append(f"{name}-")
@@ -418,20 +429,16 @@ async def test_wait_for_nodes_zero_timeout_checks_once(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------- simulated node
-async def test_recreate_against_the_simulated_node(short_tmp: Path) -> None:
+async def test_recreate_against_the_simulated_node(short_tmp: Path, hostio: HostIO) -> None:
     from rbln_device_plugin_sim.layout import preset
     from rbln_device_plugin_sim.node import materialize
 
     sim = materialize(preset("rebel-sriov"), short_tmp / "node")
     vfs = [d.bus_id for d in sim.layout.devices if d.name.startswith("rbln0-")]
-    kwargs: dict[str, Any] = {
-        "lock_path": sim.rsd_lock_path,
-        "dev_root": sim.dev_root,
-        "accept_file_nodes": True,
-    }
-    first = await recreate_rsd_group(sim.smi_path, vfs[:2], HostIO(), **kwargs)
-    second = await recreate_rsd_group(sim.smi_path, vfs[2:], HostIO(), **kwargs)
-    again = await recreate_rsd_group(sim.smi_path, vfs[:2], HostIO(), **kwargs)
+    host = RsdHost(hostio, sim.rsd_lock_path, sim.dev_root, accept_file_nodes=True)
+    first = await recreate_rsd_group(host, sim.smi_path, vfs[:2])
+    second = await recreate_rsd_group(host, sim.smi_path, vfs[2:])
+    again = await recreate_rsd_group(host, sim.smi_path, vfs[:2])
     assert (first.group_id, second.group_id, again.group_id) == (1, 2, 1)
     groups = sim.groups()
     assert sorted(groups["1"]) == ["rbln0-0", "rbln0-1"]

@@ -2,9 +2,10 @@
 
 Two identical simulated nodes run the same allocations; one with the short sequence
 (one listing when nothing has to be destroyed), the other with the reference sequence
-(list, destroy, list, create). Groups, group IDs and error messages must match after
-every step, including injected rbln-smi faults; concurrent allocators sharing the lock
-(as two daemons do) must leave both nodes consistent.
+(list, destroy, list, create), composed here from the same steps. Groups, group IDs and
+error messages must match after every step, including injected rbln-smi faults;
+concurrent allocators sharing the lock (as two daemons do) must leave both nodes
+consistent.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from pathlib import Path
 import pytest
 
 from rbln_device_plugin.host.hostio import HostIO
-from rbln_device_plugin.host.rsd import LOCK_TIMEOUT_S, RsdError, recreate_rsd_group
+from rbln_device_plugin.host.rsd import (
+    LOCK_TIMEOUT_S,
+    GroupSteps,
+    RsdError,
+    RsdGroup,
+    RsdHost,
+    groups_to_destroy,
+    recreate_rsd_group,
+    rsd_lock,
+)
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize
 from rbln_device_plugin_sim.state import Fault
@@ -41,25 +51,39 @@ def twin_nodes(root: Path) -> tuple[SimNode, SimNode]:
     )
 
 
+async def reference_recreate(
+    host: RsdHost, binary: Path, bus_ids: list[str], lock_timeout: float
+) -> RsdGroup:
+    """The reference four-step sequence, from the same steps as ``recreate_rsd_group``:
+    list, destroy the stale groups (if any), list again whatever happened, create."""
+    wanted = sorted({bus_id.lower() for bus_id in bus_ids})
+    async with rsd_lock(host.lock_path, timeout=lock_timeout, hostio=host.hostio) as fd:
+        steps = GroupSteps(host, binary, fd, None)
+        stale = groups_to_destroy(await steps.listing(), wanted)
+        if stale:
+            await steps.destroy(stale)
+        return await steps.create(await steps.listing(), wanted)
+
+
 async def recreate(
     node: SimNode, bus_ids: list[str], *, full: bool, lock_timeout: float = LOCK_TIMEOUT_S
 ) -> str:
     """The group's id, or the error message."""
+    hostio = HostIO()
+    host = RsdHost(hostio, node.rsd_lock_path, node.dev_root, accept_file_nodes=True)
     try:
-        group = await recreate_rsd_group(
-            node.smi_path,
-            bus_ids,
-            HostIO(),
-            lock_path=node.rsd_lock_path,
-            dev_root=node.dev_root,
-            always_relist=full,
-            accept_file_nodes=True,
-            lock_timeout=lock_timeout,
-        )
+        if full:
+            group = await reference_recreate(host, node.smi_path, bus_ids, lock_timeout)
+        else:
+            group = await recreate_rsd_group(
+                host, node.smi_path, bus_ids, lock_timeout=lock_timeout
+            )
     except RsdError as exc:
         # The same words; only the node's path and the measured duration may differ.
         message = f"error: {exc}".replace(str(node.root), "<root>")
         return re.sub(r"after \d+ ms", "after <n> ms", message)
+    finally:
+        hostio.close()
     assert group.host_path.exists()
     return str(group.group_id)
 

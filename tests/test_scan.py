@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
+from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.scan import DiscoveryError, Scanner, ScanResult
 from rbln_device_plugin.host.smi import locate_rbln_smi
 from rbln_device_plugin.host.sysfs import read_status
@@ -48,8 +50,9 @@ def build(root: Path, *devices: SimDevice) -> SimNode:
     return materialize(Layout("scan-test", tuple(devices)), root / "node")
 
 
-def scanner(node: SimNode) -> Scanner:
-    return Scanner(sysfs_root=node.sysfs_root, smi_path=node.smi_path)
+@pytest.fixture
+def scanner(hostio: HostIO) -> Callable[[SimNode], Scanner]:
+    return lambda node: Scanner(sysfs_root=node.sysfs_root, smi_path=node.smi_path, hostio=hostio)
 
 
 def names(result: ScanResult, sysfs_root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -60,7 +63,9 @@ def names(result: ScanResult, sysfs_root: Path) -> dict[str, list[tuple[str, str
     }
 
 
-async def test_scan_reports_devices_with_status_and_facts(short_tmp: Path) -> None:
+async def test_scan_reports_devices_with_status_and_facts(
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
+) -> None:
     node = build(
         short_tmp,
         chip("rbln0", "0000:05:00.0", npu=0),
@@ -76,14 +81,18 @@ async def test_scan_reports_devices_with_status_and_facts(short_tmp: Path) -> No
     assert device_count(result) == 2
 
 
-async def test_scan_runs_rbln_smi_exactly_once(short_tmp: Path) -> None:
+async def test_scan_runs_rbln_smi_exactly_once(
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
+) -> None:
     node = build(short_tmp, *(chip(f"rbln{i}", f"0000:{i + 5:02x}:00.0", npu=i) for i in range(8)))
     calls = trace_smi(node)
     await scanner(node).scan()
     assert [c.args for c in smi_calls(calls)] == ["-j"]
 
 
-async def test_partitioned_node_advertises_vfs_and_hides_their_pf(short_tmp: Path) -> None:
+async def test_partitioned_node_advertises_vfs_and_hides_their_pf(
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
+) -> None:
     pf = chip("rbln0", "0000:17:00.0", "RBLN-CR13", npu=0, numvfs=4)
     vfs = [dataclasses.replace(vf, status=None) for vf in make_vfs(pf, 4, 1)]
     node = build(short_tmp, pf, *vfs, chip("rbln1", "0000:18:00.0", "RBLN-CR13", npu=5))
@@ -95,14 +104,20 @@ async def test_partitioned_node_advertises_vfs_and_hides_their_pf(short_tmp: Pat
     assert result.resources[RESOURCE_NPU_VF4][0].parent_bus_id == "0000:17:00.0"
 
 
-async def test_empty_node_has_no_resources(short_tmp: Path) -> None:
+async def test_empty_node_has_no_resources(
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
+) -> None:
     assert (await scanner(build(short_tmp)).scan()).resources == {}
 
 
-async def test_missing_binary_is_a_discovery_failure(tmp_path: Path) -> None:
+async def test_missing_binary_is_a_discovery_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hostio: HostIO
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
     scanner = Scanner(
         sysfs_root=tmp_path,
-        locate=partial(locate_rbln_smi, None, [tmp_path / "nope"], search_path=str(tmp_path)),
+        locate=partial(locate_rbln_smi, None, [tmp_path / "nope"]),
+        hostio=hostio,
     )
     with pytest.raises(DiscoveryError, match="rbln-smi not found"):
         await scanner.scan()
@@ -111,13 +126,14 @@ async def test_missing_binary_is_a_discovery_failure(tmp_path: Path) -> None:
 # A failing, garbled or hanging rbln-smi: see test_scan_presets (the same simulator faults).
 
 
-async def test_binary_is_looked_up_on_every_scan(short_tmp: Path) -> None:
+async def test_binary_is_looked_up_on_every_scan(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, hostio: HostIO
+) -> None:
     node = build(short_tmp, chip("rbln0", "0000:05:00.0", npu=0))
     late = short_tmp / "late" / "rbln-smi"
-    search = str(short_tmp / "empty")
+    monkeypatch.setenv("PATH", str(short_tmp / "empty"))
     scanner = Scanner(
-        sysfs_root=node.sysfs_root,
-        locate=partial(locate_rbln_smi, None, [late], search_path=search),
+        sysfs_root=node.sysfs_root, locate=partial(locate_rbln_smi, None, [late]), hostio=hostio
     )
     with pytest.raises(DiscoveryError):
         await scanner.scan()
@@ -129,7 +145,9 @@ async def test_binary_is_looked_up_on_every_scan(short_tmp: Path) -> None:
 UNSUPPORTED = chip("rbln1", "0000:06:00.0", "RBLN-ZZ99", npu=1)
 
 
-async def test_problem_is_logged_once_while_it_persists(short_tmp: Path) -> None:
+async def test_problem_is_logged_once_while_it_persists(
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
+) -> None:
     node = build(short_tmp, chip("rbln0", "0000:05:00.0", npu=0), UNSUPPORTED)
     scan = scanner(node)
     with capture_logs() as logs:
@@ -149,7 +167,9 @@ async def test_problem_is_logged_once_while_it_persists(short_tmp: Path) -> None
     assert len(result.problems) == 1  # still reported as data on every scan
 
 
-async def test_problem_is_logged_again_after_it_went_away_and_came_back(short_tmp: Path) -> None:
+async def test_problem_is_logged_again_after_it_went_away_and_came_back(
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
+) -> None:
     node = build(short_tmp, chip("rbln0", "0000:05:00.0", npu=0), UNSUPPORTED)
     scan = scanner(node)
     with capture_logs() as logs:
@@ -163,7 +183,9 @@ async def test_problem_is_logged_again_after_it_went_away_and_came_back(short_tm
     ] * 2
 
 
-async def test_discovery_failure_does_not_reset_problem_memory(short_tmp: Path) -> None:
+async def test_discovery_failure_does_not_reset_problem_memory(
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
+) -> None:
     node = build(short_tmp, UNSUPPORTED)
     scan = scanner(node)
     with capture_logs() as logs:
@@ -176,7 +198,7 @@ async def test_discovery_failure_does_not_reset_problem_memory(short_tmp: Path) 
 
 
 async def test_malformed_entry_and_sriov_problems_surface_through_the_scan(
-    short_tmp: Path,
+    short_tmp: Path, scanner: Callable[[SimNode], Scanner]
 ) -> None:
     pf = chip("rbln0", "0000:17:00.0", "RBLN-CR13", npu=0, numvfs=2)
     node = build(short_tmp, pf, *make_vfs(pf, 2, 1))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rbln_device_plugin.host import proc
-from rbln_device_plugin.host.proc import trim_output
+from rbln_device_plugin.host.proc import ERROR_OUTPUT_BYTES
 from rbln_device_plugin.host.smi import (
     DiscoveryError,
     SmiError,
@@ -22,6 +22,7 @@ from rbln_device_plugin.host.smi import (
     parse_inventory,
     run_smi,
 )
+from rbln_device_plugin.shorten import middle_truncate
 from rbln_device_plugin.telemetry import logs
 
 from .fault_helpers import wait_until
@@ -113,17 +114,19 @@ def test_locate_takes_first_usable_candidate_in_order(tmp_path: Path) -> None:
     assert found == third
 
 
-def test_locate_falls_back_to_path(tmp_path: Path) -> None:
+def test_locate_falls_back_to_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     on_path = make_exec(tmp_path / "bin" / "rbln-smi")
-    found = locate_rbln_smi(
-        None, [tmp_path / "missing"], search_path=f"{tmp_path / 'empty'}:{on_path.parent}"
-    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'empty'}:{on_path.parent}")
+    found = locate_rbln_smi(None, [tmp_path / "missing"])
     assert found == on_path
 
 
-def test_locate_nothing_found_names_the_candidates(tmp_path: Path) -> None:
+def test_locate_nothing_found_names_the_candidates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(DiscoveryError, match=r"rbln-smi not found .*missing"):
-        locate_rbln_smi(None, [tmp_path / "missing"], search_path=str(tmp_path))
+        locate_rbln_smi(None, [tmp_path / "missing"])
 
 
 # --------------------------------------------------------------------- run
@@ -273,10 +276,10 @@ async def test_long_error_output_is_middle_truncated(tmp_path: Path) -> None:
     assert len(message) < 4096 + 300
 
 
-def test_trim_output_keeps_short_text_and_strips() -> None:
-    assert trim_output(b"  hello\n") == "hello"
-    assert trim_output(b"\xffok") == "\ufffdok"
-    long = trim_output(b"a" * 3000 + b"b" * 3000, 4096)
+def test_error_output_is_stripped_and_middle_truncated() -> None:
+    assert middle_truncate(b"  hello\n", ERROR_OUTPUT_BYTES) == "hello"
+    assert middle_truncate(b"\xffok", ERROR_OUTPUT_BYTES) == "\ufffdok"
+    long = middle_truncate(b"a" * 3000 + b"b" * 3000, 4096)
     assert long.startswith("a" * 2048) and long.endswith("b" * 2048)
     assert "[1904 bytes omitted]" in long
 

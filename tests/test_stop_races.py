@@ -83,7 +83,10 @@ async def test_a_loop_stopped_at_any_point_of_its_first_scan_leaves_no_socket(
                 return result
 
         manager = Manager(
-            services, scanner=Announcing(sysfs_root=node.sysfs_root, smi_path=node.smi_path)
+            services,
+            scanner=Announcing(
+                sysfs_root=node.sysfs_root, smi_path=node.smi_path, hostio=services.hostio
+            ),
         )
         stop = asyncio.Event()
         task = asyncio.create_task(manager.run(stop))

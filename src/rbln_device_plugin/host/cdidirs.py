@@ -152,11 +152,6 @@ async def read_spec_dirs(io: HostIO, reader: SpecDirReader, paths: Sequence[str]
     ]
 
 
-def read_spec_dir(path: str) -> SpecDir:
-    """Every spec file of one directory, checked (blocking; never raises for the host)."""
-    return SpecDirReader().read(path)
-
-
 class SpecDirReader:
     """Reads spec directories, re-reading one only when its listing changed.
 

@@ -32,9 +32,9 @@ class KubeletDirectory:
     (HostIO says so, naming it), without a record that it is missing.
     """
 
-    def __init__(self, path: Path, hostio: HostIO | None = None) -> None:
+    def __init__(self, path: Path, hostio: HostIO) -> None:
         self.path = path
-        self._io = hostio or HostIO()
+        self._io = hostio
         self._missing_since: float | None = None
 
     async def present(self) -> bool:

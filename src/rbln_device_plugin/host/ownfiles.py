@@ -167,12 +167,6 @@ def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-def identity_at(dir_fd: int, name: str) -> tuple[int, int] | None:
-    """Device and inode of the entry ``name`` itself (a symlink is not followed)."""
-    info = _lstat_at(dir_fd, name)
-    return None if info is None else (info.st_dev, info.st_ino)
-
-
 @contextlib.contextmanager
 def opened_dir(path: Path) -> Iterator[int]:
     fd = open_dir(path)

@@ -35,21 +35,6 @@ def ensure_dir(path: Path, mode: int = DIR_MODE) -> None:
         _set_created_mode(directory, mode)
 
 
-def ensure_subdir(parent: Path, name: str, mode: int = DIR_MODE) -> Path:
-    """``parent/name`` with exactly ``mode``, created if missing; ``parent`` must exist.
-
-    For directories of the daemon's own inside one it must never create (the kubelet's
-    device-plugin directory): FileNotFoundError when ``parent`` is missing.
-    """
-    path = parent / name
-    try:
-        path.mkdir(mode=mode)
-    except FileExistsError:
-        return path  # made earlier, or by someone else meanwhile: theirs to set up
-    _set_created_mode(path, mode)
-    return path
-
-
 def _set_created_mode(path: Path, mode: int) -> None:
     """Give a directory just made ``mode`` (mkdir's is filtered by the umask).
 

@@ -44,11 +44,6 @@ class CommandError(Exception):
         self.result = result  # the metrics' result class (telemetry.metrics.SMI_*)
 
 
-def trim_output(data: bytes, limit: int = ERROR_OUTPUT_BYTES) -> str:
-    """Strip and middle-truncate tool output for an error message."""
-    return middle_truncate(data, limit)
-
-
 class _OutputTooLarge(Exception):
     pass
 
@@ -270,7 +265,7 @@ async def run(
         raise
 
     if returncode != 0:
-        output = trim_output(stderr + b"\n" + stdout if stderr else stdout)
+        output = middle_truncate(stderr + b"\n" + stdout if stderr else stdout, ERROR_OUTPUT_BYTES)
         raise CommandError(
             f"`{command}` {_describe_exit(returncode)} after {elapsed_ms()} ms"
             + (f": {output}" if output else " (no output)"),

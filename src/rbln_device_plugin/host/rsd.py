@@ -92,14 +92,6 @@ class RsdGroup:
     host_path: Path  # <dev root>/rsd<group_id>
 
 
-def parse_groups(text: str) -> list[GroupEntry]:
-    """``rbln-smi -g -j``; RsdError when it cannot be trusted (see ``smi.parse_groups``)."""
-    try:
-        return smi.parse_groups(text)
-    except (DiscoveryError, ValueError) as exc:
-        raise RsdError(str(exc)) from None
-
-
 def check_mapping(entries: Sequence[GroupEntry], expected: Mapping[str, str]) -> None:
     """Raise DeviceMappingChanged unless each name in ``expected`` (name -> lowercase bus
     ID) is listed at exactly that bus ID, and that bus ID under exactly that name."""
@@ -206,13 +198,13 @@ async def rsd_lock(
     timeout: float = LOCK_TIMEOUT_S,  # noqa: ASYNC109 - a lock-wait budget
     retry: float = LOCK_RETRY_S,
     metrics: m.Metrics = m.NOOP,
-    hostio: HostIO | None = None,
+    hostio: HostIO,
     opened: LockFileAhead | None = None,
 ) -> AsyncIterator[int]:
     """Hold an exclusive flock on ``path``; released on every exit path.
 
     Yields the locked descriptor, for the tools that must hold the lock too. The file is
-    created and opened through ``hostio`` when given: off the event loop, with its bound
+    created and opened through ``hostio``: off the event loop, with its bound
     (``/run/rbln`` is a host directory like any other); ``opened`` is that open done
     ahead (``open_lock_file_ahead``), whose descriptor this then owns.
     """
@@ -223,8 +215,6 @@ async def rsd_lock(
             raise RsdError(f"cannot open RSD lock file {path}: {opened}")
         elif isinstance(opened, OSError):
             raise opened
-        elif hostio is None:
-            fd = _open_lock_file(path)
         else:
             result = await hostio.call(str(path), partial(_open_lock_file, path))
             if isinstance(result, Stalled):
@@ -259,31 +249,108 @@ async def rsd_lock(
         os.close(fd)
 
 
-async def _smi(
-    smi: Path, args: Sequence[str], limit: float, step: str, lock_fd: int, metrics: m.Metrics
-) -> str:
-    try:
-        return await run_smi(smi, args, limit, pass_fds=(lock_fd,), metrics=metrics)
-    except SmiError as exc:
-        raise RsdError(f"{step}: {exc}") from exc
+@dataclass(frozen=True, slots=True)
+class RsdTimings:
+    """The budgets of one group change, in seconds, besides the lock's."""
+
+    listing: float = LIST_TIMEOUT_S  # one ``rbln-smi -g -j``
+    change: float = CHANGE_TIMEOUT_S  # one ``group -d`` or ``group -c``
+    node: float = NODE_TIMEOUT_S  # until the new group's device node appears
+    node_poll: float = NODE_POLL_S
+
+
+@dataclass(frozen=True, slots=True)
+class RsdHost:
+    """Where and how this node's RSD groups are changed."""
+
+    hostio: HostIO
+    lock_path: Path
+    dev_root: Path
+    # A regular file may stand for the group's device node (test only, see ``devnodes``).
+    accept_file_nodes: bool = False
+    metrics: m.Metrics = m.NOOP
+    timings: RsdTimings = RsdTimings()
+
+
+class GroupSteps:
+    """The ``rbln-smi`` steps of one group change, run while ``lock_fd`` holds the lock.
+
+    Every listing is checked against ``expected`` (device name -> bus ID) when given.
+    """
+
+    __slots__ = ("_binary", "_expected", "_fd", "_host")
+
+    def __init__(
+        self, host: RsdHost, binary: Path, lock_fd: int, expected: Mapping[str, str] | None
+    ) -> None:
+        self._host = host
+        self._binary = binary
+        self._fd = lock_fd
+        self._expected = None if expected is None else {n: b.lower() for n, b in expected.items()}
+
+    async def _run(self, args: Sequence[str], limit: float, step: str) -> str:
+        try:
+            return await run_smi(
+                self._binary, args, limit, pass_fds=(self._fd,), metrics=self._host.metrics
+            )
+        except SmiError as exc:
+            raise RsdError(f"{step}: {exc}") from exc
+
+    async def listing(self) -> list[GroupEntry]:
+        timings = self._host.timings
+        text = await self._run(["-g", "-j"], timings.listing, "listing RSD groups")
+        try:  # a listing that cannot be trusted (see ``smi.parse_groups``)
+            entries = smi.parse_groups(text)
+        except (DiscoveryError, ValueError) as exc:
+            raise RsdError(str(exc)) from None
+        if self._expected is not None:
+            check_mapping(entries, self._expected)
+        return entries
+
+    async def destroy(self, groups: Sequence[str]) -> None:
+        joined = ",".join(groups)
+        change = self._host.timings.change
+        await self._run(["group", "-d", joined], change, f"destroying groups {joined}")
+
+    async def create(self, entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> RsdGroup:
+        """A new group of exactly ``bus_ids`` (lowercase), once its device node is there."""
+        host, timings = self._host, self._host.timings
+        group_id = next_group_id(entries)
+        npus = ",".join(str(npu) for npu in npus_for(entries, bus_ids))
+        args = ["group", "-c", str(group_id), "-a", npus]
+        await self._run(args, timings.change, f"creating group {group_id}")
+        host_path = host.dev_root / f"rsd{group_id}"
+        try:
+            await wait_for_nodes(
+                [host_path],
+                host.hostio,
+                timeout=timings.node,
+                interval=timings.node_poll,
+                accept_files=host.accept_file_nodes,
+            )
+        except (DeviceNodeMissing, NotADeviceNode) as exc:
+            raise RsdError(f"created group {group_id}, but {exc}") from exc
+        return RsdGroup(group_id, host_path)
+
+
+def _wanted(bus_ids: Sequence[str], opened_lock: LockFileAhead | None) -> list[str]:
+    """The distinct bus IDs, lowercase; RsdError (the lock file closed) when unusable."""
+    wanted = sorted({bus_id.lower() for bus_id in bus_ids})
+    bad = [bus_id for bus_id in wanted if not is_valid_bus_id(bus_id)]
+    if not wanted or bad:
+        if isinstance(opened_lock, OpenedLockFile):
+            opened_lock.close()
+        raise RsdError(f"invalid bus IDs {bad}" if bad else "no bus IDs to group")
+    return wanted
 
 
 async def recreate_rsd_group(
-    smi: Path,
+    host: RsdHost,
+    binary: Path,
     bus_ids: Sequence[str],
-    hostio: HostIO,
     *,
-    lock_path: Path,
-    dev_root: Path,
-    lock_timeout: float = LOCK_TIMEOUT_S,
-    list_timeout: float = LIST_TIMEOUT_S,
-    change_timeout: float = CHANGE_TIMEOUT_S,
-    node_timeout: float = NODE_TIMEOUT_S,
-    node_poll: float = NODE_POLL_S,
-    always_relist: bool = False,
-    accept_file_nodes: bool = False,
-    metrics: m.Metrics = m.NOOP,
     expected: Mapping[str, str] | None = None,
+    lock_timeout: float = LOCK_TIMEOUT_S,
     opened_lock: LockFileAhead | None = None,
 ) -> RsdGroup:
     """Put exactly ``bus_ids`` into a new RSD group and wait for its device node.
@@ -293,70 +360,29 @@ async def recreate_rsd_group(
 
     ``opened_lock``: the lock file opened ahead (``open_lock_file_ahead``), now owned
     here: locked, or closed when the call fails before locking.
-
-    ``always_relist`` runs the reference four-step sequence even when nothing is
-    destroyed (tests compare the two); ``accept_file_nodes`` lets a regular file stand
-    for the group's device node (test only, see ``devnodes``).
     """
     started = time.monotonic()
-    wanted = sorted({bus_id.lower() for bus_id in bus_ids})
-    bad = [bus_id for bus_id in wanted if not is_valid_bus_id(bus_id)]
-    if not wanted or bad:
-        if isinstance(opened_lock, OpenedLockFile):
-            opened_lock.close()
-        raise RsdError(f"invalid bus IDs {bad}" if bad else "no bus IDs to group")
+    wanted = _wanted(bus_ids, opened_lock)
     async with rsd_lock(
-        lock_path, timeout=lock_timeout, metrics=metrics, hostio=hostio, opened=opened_lock
+        host.lock_path,
+        timeout=lock_timeout,
+        metrics=host.metrics,
+        hostio=host.hostio,
+        opened=opened_lock,
     ) as fd:
-
-        async def listing() -> list[GroupEntry]:
-            text = await _smi(smi, ["-g", "-j"], list_timeout, "listing RSD groups", fd, metrics)
-            entries = parse_groups(text)
-            if expected is not None:
-                check_mapping(entries, {n: b.lower() for n, b in expected.items()})
-            return entries
-
-        entries = await listing()
+        steps = GroupSteps(host, binary, fd, expected)
+        entries = await steps.listing()
         stale = groups_to_destroy(entries, wanted)
-        if stale:
-            joined = ",".join(stale)
-            await _smi(
-                smi,
-                ["group", "-d", joined],
-                change_timeout,
-                f"destroying groups {joined}",
-                fd,
-                metrics,
-            )
-        if stale or always_relist:
-            entries = await listing()
-        group_id = next_group_id(entries)
-        npus = ",".join(str(npu) for npu in npus_for(entries, wanted))
-        await _smi(
-            smi,
-            ["group", "-c", str(group_id), "-a", npus],
-            change_timeout,
-            f"creating group {group_id}",
-            fd,
-            metrics,
-        )
-        host_path = dev_root / f"rsd{group_id}"
-        try:
-            await wait_for_nodes(
-                [host_path],
-                hostio,
-                timeout=node_timeout,
-                interval=node_poll,
-                accept_files=accept_file_nodes,
-            )
-        except (DeviceNodeMissing, NotADeviceNode) as exc:
-            raise RsdError(f"created group {group_id}, but {exc}") from exc
+        if stale:  # else the first listing already is the second (see the module's doc)
+            await steps.destroy(stale)
+            entries = await steps.listing()
+        group = await steps.create(entries, wanted)
     fields: dict[str, Any] = {
-        "groupId": group_id,
+        "groupId": group.group_id,
         "busIDs": wanted,
-        "hostRsdPath": str(host_path),
+        "hostRsdPath": str(group.host_path),
         "destroyedGroups": stale,
         "durationMs": round((time.monotonic() - started) * 1000, 1),
     }
     log.debug("Recreated RSD group", **fields)
-    return RsdGroup(group_id, host_path)
+    return group

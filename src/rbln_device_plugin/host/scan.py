@@ -121,15 +121,15 @@ class Scanner:
         smi_path: Path | None = None,
         timeout: float = INVENTORY_TIMEOUT_S,
         locate: Callable[[], Path] | None = None,
-        hostio: HostIO | None = None,
+        hostio: HostIO,
         metrics: Metrics = NOOP,
     ) -> None:
         self.sysfs_root = sysfs_root
         self._metrics = metrics
         self.timeout = timeout
-        # Finds the rbln-smi to run; tests give their own search (see ``locate_rbln_smi``).
+        # Finds the rbln-smi to run; tests give their own candidates (see ``locate_rbln_smi``).
         self._locate = locate or partial(locate_rbln_smi, smi_path)
-        self._hostio = hostio or HostIO()
+        self._hostio = hostio
         self.problems = ProblemLog()
         self.facts = FactsCache()
         # The last listing, its records and what it gave, while the output stays the same.

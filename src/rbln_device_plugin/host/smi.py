@@ -15,6 +15,7 @@ from typing import Any, Final, NamedTuple
 
 from rbln_device_plugin.host import proc
 from rbln_device_plugin.model.inventory import Problem, SmiRecord
+from rbln_device_plugin.shorten import middle_truncate
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
@@ -55,13 +56,11 @@ def _is_executable_file(path: Path) -> bool:
 
 
 def locate_rbln_smi(
-    configured: Path | None,
-    candidates: Sequence[Path] = DEFAULT_CANDIDATES,
-    search_path: str | None = None,
+    configured: Path | None, candidates: Sequence[Path] = DEFAULT_CANDIDATES
 ) -> Path:
     """The rbln-smi to run: the configured one, else the first usable candidate, else $PATH.
 
-    ``search_path`` overrides $PATH (tests). Raises DiscoveryError when nothing is usable.
+    Raises DiscoveryError when nothing is usable.
     """
     if configured is not None:
         if _is_executable_file(configured):
@@ -72,7 +71,7 @@ def locate_rbln_smi(
     for candidate in candidates:
         if _is_executable_file(candidate):
             return candidate
-    path_env = os.environ.get("PATH", os.defpath) if search_path is None else search_path
+    path_env = os.environ.get("PATH", os.defpath)
     # The PATH search by hand: shutil would load compression modules this daemon never uses.
     on_path = [Path(d or os.curdir) / "rbln-smi" for d in path_env.split(os.pathsep)]
     for candidate in on_path:
@@ -126,7 +125,7 @@ def load_devices(text: str) -> list[Any]:
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        shown = proc.trim_output(text.encode(), 256)
+        shown = middle_truncate(text.encode(), 256)
         raise DiscoveryError(f"rbln-smi printed invalid JSON ({exc}): {shown!r}") from None
     if not isinstance(document, dict):
         raise DiscoveryError(f"rbln-smi JSON is a {type(document).__name__}, not an object")

@@ -348,16 +348,19 @@ class Allocator:
                 f"{self._config.rsd_lock_path} (queued behind this daemon's earlier allocations)"
             ) from None
         try:
-            return await rsd.recreate_rsd_group(
-                binary,
-                [d.bus_id for d in devices],
+            host = rsd.RsdHost(
                 self._hostio,
-                expected={d.name: d.bus_id for d in devices},
-                lock_path=self._config.rsd_lock_path,
-                dev_root=self._config.dev_root,
-                lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),
+                self._config.rsd_lock_path,
+                self._config.dev_root,
                 accept_file_nodes=self._config.test_file_device_nodes,
                 metrics=self._metrics,
+            )
+            return await rsd.recreate_rsd_group(
+                host,
+                binary,
+                [d.bus_id for d in devices],
+                expected={d.name: d.bus_id for d in devices},
+                lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),
                 opened_lock=lock_file,
             )
         finally:

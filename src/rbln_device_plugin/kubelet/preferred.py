@@ -31,8 +31,6 @@ _MAX_REASON = 300
 # Requests whose search is at most this big (available devices times the smaller of the
 # size and what is left over) take well under a millisecond: not worth a thread.
 INLINE_WORK: Final = 4 * 64
-# Merge steps before the search narrows (a module setting so tests can lower it).
-SEARCH_CAP = topology.DEFAULT_CAP
 
 
 @dataclass(slots=True)
@@ -65,14 +63,18 @@ async def choose(
     table: DeviceTable,
     request: api_pb2.ContainerPreferredAllocationRequest,
     metrics: m.Metrics = m.NOOP,
+    *,
+    cap: int = topology.DEFAULT_CAP,
 ) -> list[str]:
+    """The preferred devices for one container; ``cap``: merge steps before the search
+    narrows (``topology.Topology.preferred``)."""
     started = time.monotonic()
     size = request.allocation_size
     available = list(request.available_deviceIDs)
     must = list(request.must_include_deviceIDs)
     try:
         prepared = topology_for(table)
-        search = partial(prepared.preferred, available, must, size, cap=SEARCH_CAP)
+        search = partial(prepared.preferred, available, must, size, cap=cap)
         if _small(len(available), size):
             result = search()
         else:

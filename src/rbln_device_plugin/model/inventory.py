@@ -47,10 +47,6 @@ class Device:
     def is_vf(self) -> bool:
         return self.parent_bus_id is not None
 
-    @property
-    def sid_known(self) -> bool:
-        return sid_is_known(self.sid)
-
 
 @dataclass(frozen=True, slots=True)
 class SmiRecord:

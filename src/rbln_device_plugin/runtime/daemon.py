@@ -32,10 +32,7 @@ moment it starts.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -64,29 +61,11 @@ log = get_logger()
 def run(config: Config) -> int:
     """Run the daemon until a shutdown signal; return the process exit code."""
     signals = shutdown_signals.install()  # normally done by cli, before the first record
-    _watch_children_with_pidfds()
     try:
         return asyncio.run(_serve(config, signals))
     except Exception as exc:
         log.error("Unexpected internal error; exiting", err=exc, exc_info=True)
         return options.EXIT_FAILURE
-
-
-def _watch_children_with_pidfds() -> None:
-    """Learn of rbln-smi's exit from a pidfd on the event loop, not a thread per process.
-
-    Python 3.11's default starts a waiter thread for every subprocess (every scan, every
-    Allocate); 3.12 and later already use pidfds where the kernel has them.
-    """
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # kernel before 5.3, or seccomp forbids it: keep the default
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
 
 
 async def _serve(config: Config, signals: ShutdownSignals) -> int:
@@ -130,7 +109,7 @@ async def serve(
     recorder = await metrics_setup.start(config)  # before any wait: a waiting instance shows
     # The daemon's one runner of blocking host calls: the lock files, then the scans.
     hostio = HostIO(metrics=recorder)
-    instance = InstanceLock(config.kubelet_dir, config.rsd_lock_path.parent / ANCHOR_NAME, hostio)
+    instance = InstanceLock(config.kubelet_dir, hostio, config.rsd_lock_path.parent / ANCHOR_NAME)
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the

@@ -237,12 +237,10 @@ class _Attempt:
 
 
 class InstanceLock:
-    def __init__(
-        self, kubelet_dir: Path, anchor: Path | None = None, hostio: HostIO | None = None
-    ) -> None:
+    def __init__(self, kubelet_dir: Path, hostio: HostIO, anchor: Path | None = None) -> None:
         # Every file access runs off the event loop, bounded (see ``hostio``): a lock
         # directory on a hung mount must not freeze the loop serving the kubelet.
-        self._io = hostio or HostIO()
+        self._io = hostio
         # acquire, check and the watch's checks one at a time: two at once would each
         # open and flock the same new file, and the second would see the first as another
         # holder.
