@@ -30,6 +30,7 @@ TIERS: tuple[frozenset[str], ...] = (
             "api",
             "durations",
             "goints",
+            "processtweaks",
             "resources",
             "shorten",
             "waits",
