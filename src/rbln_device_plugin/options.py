@@ -129,10 +129,12 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse
     return parser.parse_args(attach_dash_values(argv, processtweaks.value_flags(parser)))
 
 
-def resolve(namespace: argparse.Namespace, environ: Mapping[str, str]) -> config.Config:
+def config_from_namespace(
+    namespace: argparse.Namespace, environ: Mapping[str, str]
+) -> config.Config:
     """Parsed flags + environment -> Config; UsageError names the flag and its variable."""
     try:
-        return config.resolve(vars(namespace), environ)
+        return config.resolve_settings(vars(namespace), environ)
     except config.ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -152,4 +154,4 @@ def daemon_parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
     """The daemon's command line + environment -> Config. Raises UsageError."""
-    return resolve(parse_args(daemon_parser(), argv), environ)
+    return config_from_namespace(parse_args(daemon_parser(), argv), environ)

@@ -18,7 +18,7 @@ from typing import Any, Final
 from rbln_device_plugin import resources
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
-from rbln_device_plugin.model.cdispec import CdiState, Verdict
+from rbln_device_plugin.model.cdispec import CdiState, SpecVerdict
 from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.health import HealthHistory, StatusReading
 from rbln_device_plugin.model.inventory import (
@@ -138,7 +138,7 @@ def build_report(host: HostFacts) -> Report:
 _SHOWN_SPEC_FILES: Final = 16
 
 
-def cdi_findings(verdict: Verdict | None) -> list[Finding]:
+def cdi_findings(verdict: SpecVerdict | None) -> list[Finding]:
     """What the CDI spec check found, as warnings: the devices still reach the kubelet,
     but a CDI-enabled runtime refuses every NPU container without the spec."""
     if verdict is None:
