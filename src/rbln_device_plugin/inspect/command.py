@@ -29,7 +29,7 @@ from rbln_device_plugin.host import smi, sysfs
 from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
-from rbln_device_plugin.inspect.preferred import explain_preferred
+from rbln_device_plugin.inspect.preferredreport import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
 from rbln_device_plugin.inspect.report import RESOURCES, build_report
 from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, SpecVerdict, resolve_cdi_devices

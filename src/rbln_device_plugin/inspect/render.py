@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from rbln_device_plugin.inspect.facts import SmiOutcome
-from rbln_device_plugin.inspect.preferred import Choice, PreferredReport, score_levels
+from rbln_device_plugin.inspect.preferredreport import Choice, PreferredReport, score_levels
 from rbln_device_plugin.inspect.report import Finding, Report, Row
 from rbln_device_plugin.model.cdispec import CdiState, SpecVerdict
 

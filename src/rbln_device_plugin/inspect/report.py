@@ -4,7 +4,7 @@ Pure. One read-only pass over the host (``command``) produces ``HostFacts`` (``f
 This module runs them through the daemon's own policy, the very functions a scan and a
 new resource plugin use (``screen`` and ``inventory_from``, then ``DeviceTable`` with a
 fresh ``HealthHistory`` per resource), and explains every device: the resource it is
-advertised under, or why it is not. ``preferred`` answers a ``GetPreferredAllocation``
+advertised under, or why it is not. ``preferredreport`` answers a ``GetPreferredAllocation``
 the way the resource plugin would; rendering (table and JSON) lives in ``render``.
 """
 

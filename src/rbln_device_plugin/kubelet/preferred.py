@@ -36,13 +36,13 @@ SEARCH_CAP = topology.DEFAULT_CAP
 
 
 @dataclass(slots=True)
-class _Prepared:
+class _CachedTopology:
     entries: Mapping[str, Entry]  # the table's entries the topology was last checked against
     devices: tuple[Device, ...]
     prepared: topology.Topology
 
 
-_prepared: weakref.WeakKeyDictionary[DeviceTable, _Prepared] = weakref.WeakKeyDictionary()
+_prepared: weakref.WeakKeyDictionary[DeviceTable, _CachedTopology] = weakref.WeakKeyDictionary()
 
 
 def topology_for(table: DeviceTable) -> topology.Topology:
@@ -56,7 +56,7 @@ def topology_for(table: DeviceTable) -> topology.Topology:
         known.entries = entries  # a new scan with the same devices
         return known.prepared
     candidates = {d.name: topology.candidate_from_device(d) for d in devices}
-    _prepared[table] = _Prepared(entries, devices, topology.Topology(candidates))
+    _prepared[table] = _CachedTopology(entries, devices, topology.Topology(candidates))
     return _prepared[table].prepared
 
 
