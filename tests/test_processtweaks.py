@@ -32,6 +32,11 @@ import asyncio, json, os, tempfile
 import shutil  # what argparse would import: it tries bz2 and lzma
 import grpc.aio
 import rbln_device_plugin.cli, rbln_device_plugin.runtime.daemon
+# What OTLP export loads (importlib.metadata, zipfile: they try bz2 and lzma).
+import opentelemetry.exporter.otlp.proto.grpc.metric_exporter
+import opentelemetry.exporter.otlp.proto.grpc.trace_exporter
+import opentelemetry.sdk.metrics.export, opentelemetry.sdk.resources, opentelemetry.sdk.trace
+import zipfile
 
 async def round_trip(path):
     async def echo(reader, writer):
