@@ -92,20 +92,9 @@ def test_the_help_formatter_takes_argparse_s_parameters() -> None:
     theirs = inspect.signature(argparse.HelpFormatter.__init__).parameters
     assert list(theirs)[: len(ours)] == ours
     # Any parameter argparse added after ours has a default, so the parser can build it.
+    # (That the width is argparse's own: tests/test_cli.py, through options' formatter.)
     added = [theirs[name] for name in list(theirs)[len(ours) :]]
     assert all(p.default is not inspect.Parameter.empty for p in added), added
-
-
-@pytest.mark.parametrize("columns", [None, "60", "140", "0", "-3", "wide"])
-def test_the_help_formatter_is_as_wide_as_argparse_s_own(
-    monkeypatch: pytest.MonkeyPatch, columns: str | None
-) -> None:
-    if columns is None:
-        monkeypatch.delenv("COLUMNS", raising=False)
-    else:
-        monkeypatch.setenv("COLUMNS", columns)
-    ours = processtweaks.ShutilFreeHelpFormatter("x")
-    assert ours._width == argparse.HelpFormatter("x")._width
 
 
 def test_value_flags_are_the_store_actions_flags() -> None:
