@@ -51,7 +51,7 @@ def test_the_allocate_breakdown_runs_and_reports_every_step() -> None:
 BENCH_MODULES = [
     "bench", "bench.allocate_steps", "bench.bench_daemon", "bench.bench_fast",
     "bench.bench_http", "bench.bench_lean", "bench.bench_load", "bench.bench_metrics",
-    "bench.bench_preferred", "bench.bench_scan", "bench.bench_topology",
+    "bench.bench_preferred", "bench.bench_scan", "bench.bench_topology", "bench.bench_tweaks",
 ]  # fmt: skip
 
 

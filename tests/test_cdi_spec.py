@@ -23,7 +23,7 @@ from rbln_device_plugin.model.cdispec import (
     FileState,
     SpecError,
     parse_spec,
-    resolve,
+    resolve_cdi_devices,
     validate_device_name,
     validate_vendor_or_class,
 )
@@ -159,33 +159,39 @@ def usable(path: str, *devices: str) -> cdispec.SpecFile:
 
 def test_precedence_conflicts_and_what_cannot_be_told() -> None:
     etc, run = "/etc/cdi", "/var/run/cdi"
-    found = resolve([cdispec.SpecDir(etc, (usable(f"{etc}/rbln.yaml", RUNTIME),)),
-                     cdispec.SpecDir(run)])  # fmt: skip
+    found = resolve_cdi_devices([cdispec.SpecDir(etc, (usable(f"{etc}/rbln.yaml", RUNTIME),)),
+                                 cdispec.SpecDir(run)])  # fmt: skip
     assert found.state is CdiState.PRESENT and found.found == {RUNTIME: f"{etc}/rbln.yaml"}
     # A later directory's definition wins; both are fine.
-    both = resolve([cdispec.SpecDir(etc, (usable(f"{etc}/a.yaml", RUNTIME),)),
-                    cdispec.SpecDir(run, (usable(f"{run}/b.yaml", RUNTIME),))])  # fmt: skip
+    both = resolve_cdi_devices([
+        cdispec.SpecDir(etc, (usable(f"{etc}/a.yaml", RUNTIME),)),
+        cdispec.SpecDir(run, (usable(f"{run}/b.yaml", RUNTIME),)),
+    ])  # fmt: skip
     assert both.found == {RUNTIME: f"{run}/b.yaml"}
     # Two files of one directory: the library drops the device, even if another defines it.
-    clash = resolve([
+    clash = resolve_cdi_devices([
         cdispec.SpecDir(etc, (usable(f"{etc}/a.yaml", RUNTIME), usable(f"{etc}/b.yaml", RUNTIME))),
         cdispec.SpecDir(run, (usable(f"{run}/c.yaml", RUNTIME),)),
     ])  # fmt: skip
     assert clash.state is CdiState.MISSING and RUNTIME in clash.conflicts
     # Not visible: cannot tell, never missing.
-    unseen = resolve([cdispec.SpecDir(etc, error="does not exist here"), cdispec.SpecDir(run)])
+    unseen = resolve_cdi_devices(
+        [cdispec.SpecDir(etc, error="does not exist here"), cdispec.SpecDir(run)]
+    )
     assert unseen.state is CdiState.UNKNOWN and unseen.unseen == {etc: "does not exist here"}
     # A file that could not be checked: cannot tell either; a malformed one is no excuse.
     skipped = cdispec.SpecFile(f"{run}/big.yaml", FileState.UNCHECKED, reason="too large")
     bad = cdispec.SpecFile(f"{run}/bad.yaml", FileState.MALFORMED, reason="not YAML")
-    assert resolve([cdispec.SpecDir(etc), cdispec.SpecDir(run, (skipped,))]).state is (
+    assert resolve_cdi_devices([cdispec.SpecDir(etc), cdispec.SpecDir(run, (skipped,))]).state is (
         CdiState.UNKNOWN
     )
-    missing = resolve([cdispec.SpecDir(etc), cdispec.SpecDir(run, (bad,))])
+    missing = resolve_cdi_devices([cdispec.SpecDir(etc), cdispec.SpecDir(run, (bad,))])
     assert missing.state is CdiState.MISSING
     assert missing.malformed == {f"{run}/bad.yaml": "not YAML"}
     # Another vendor's device does not count.
-    other = resolve([cdispec.SpecDir(etc, (usable(f"{etc}/x.yaml", "vendor.com/gpu=all"),))])
+    other = resolve_cdi_devices(
+        [cdispec.SpecDir(etc, (usable(f"{etc}/x.yaml", "vendor.com/gpu=all"),))]
+    )
     assert other.state is CdiState.MISSING and other.missing == (RUNTIME,)
 
 
@@ -232,7 +238,7 @@ def test_hostile_files_are_reported_and_never_read_unsafely(hostile: Path) -> No
     assert "FIFO" in seen["fifo.yaml"][1] and "loop" in seen["loop-a.yaml"][1]
     if os.geteuid() != 0:  # root reads a mode-0 file anyway, as the runtime would
         assert seen["unreadable.yaml"][0] is FileState.UNCHECKED
-    verdict = resolve([SpecDirReader().read(str(hostile))])
+    verdict = resolve_cdi_devices([SpecDirReader().read(str(hostile))])
     # root: the mode-0 copy of the good spec is readable, and it defines the device.
     expected = CdiState.PRESENT if os.geteuid() == 0 else CdiState.UNKNOWN
     assert verdict.state is expected
@@ -245,10 +251,10 @@ def test_a_sibling_symlink_is_followed_and_changes_are_noticed(tmp_path: Path) -
     os.symlink("./rbln-v2", d / "rbln.yaml")
     reader = SpecDirReader()
     first = reader.read(str(d))
-    assert resolve([first]).found == {RUNTIME: str(d / "rbln.yaml")}
+    assert resolve_cdi_devices([first]).found == {RUNTIME: str(d / "rbln.yaml")}
     assert reader.read(str(d)) is first  # an unchanged listing is not read again
     (d / "rbln-v2").write_text(spec_text(name="other"))  # the target changes alone
-    assert resolve([reader.read(str(d))]).state is CdiState.MISSING
+    assert resolve_cdi_devices([reader.read(str(d))]).state is CdiState.MISSING
 
 
 def test_a_directory_that_cannot_be_seen_is_not_missing(tmp_path: Path) -> None:
@@ -256,7 +262,7 @@ def test_a_directory_that_cannot_be_seen_is_not_missing(tmp_path: Path) -> None:
     assert "does not exist here" in gone.error
     (tmp_path / "file").write_text("")
     assert "not a directory" in SpecDirReader().read(str(tmp_path / "file")).error
-    assert resolve([gone]).state is CdiState.UNKNOWN
+    assert resolve_cdi_devices([gone]).state is CdiState.UNKNOWN
 
 
 def test_the_listing_cap_leaves_the_rest_unchecked(
@@ -267,7 +273,7 @@ def test_the_listing_cap_leaves_the_rest_unchecked(
         (tmp_path / f"x{index}.yaml").write_text(spec_text(kind="vendor.com/gpu"))
     listed = SpecDirReader().read(str(tmp_path))
     assert len(listed.files) == 3 and listed.truncated == 2
-    assert resolve([listed]).state is CdiState.UNKNOWN
+    assert resolve_cdi_devices([listed]).state is CdiState.UNKNOWN
 
 
 # ---------------------------------------------------------------- the daemon's check
@@ -290,7 +296,7 @@ async def test_a_hung_spec_directory_is_cannot_tell_within_the_host_io_bound(
     etc, run = tmp_path / "etc", tmp_path / "run"
     etc.mkdir()
     run.mkdir()
-    cfg = config.resolve({"cdi_static_dir": str(etc), "cdi_root": str(run)}, {})
+    cfg = config.config_from_settings({"cdi_static_dir": str(etc), "cdi_root": str(run)}, {})
     check = CdiSpecCheck(cfg, HostIO(timeout=0.3), NOOP)
     reader = HangingReader(str(etc))
     check._reader = reader  # the hung mount stands in for a real one

@@ -370,11 +370,11 @@ def host_mounts(ds: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
 def daemon_objection(env: Mapping[str, str]) -> str | None:
     """Why the daemon would refuse (or ignore) this environment at start, or None.
 
-    Uses the daemon's own code: config.resolve (exit 2 on a bad setting), the logger's
+    Uses the daemon's own code: config.config_from_settings (exit 2 on a bad setting), the logger's
     fallback to defaults, and the OTLP endpoint parser (tracing silently off).
     """
     try:
-        config.resolve({}, env)
+        config.config_from_settings({}, env)
     except config.ConfigError as exc:
         return str(exc)
     ignored = config.ignored_env_problem(env)

@@ -31,6 +31,7 @@ TIERS: tuple[frozenset[str], ...] = (
             "api",
             "durations",
             "goints",
+            "processtweaks",
             "shorten",
             "waits",
         }
@@ -186,7 +187,10 @@ FORBIDDEN_WITHIN: Mapping[str, frozenset[str]] = {
         {f"{DAEMON}.host.{m}" for m in ("smi", "rsd", "scan", "sysfs", "devnodes")}
     ),
     f"{DAEMON}.inspect.facts": frozenset(
-        {f"{DAEMON}.inspect.{m}" for m in ("report", "explain", "preferred", "command", "render")}
+        {
+            f"{DAEMON}.inspect.{m}"
+            for m in ("report", "explain", "preferredreport", "command", "render")
+        }
     ),
 }
 

@@ -6,23 +6,14 @@ stderr so that every stdout line stays machine-parseable.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Final, NoReturn
 
-# Modules that are loaded only because a module we need can use them, and that this
-# process never does: asyncio loads ssl, and OpenSSL with it (about 4.5 MiB resident), for
-# TLS streams (this daemon opens none; gRPC, the OTLP exporters' too, has its own TLS);
-# argparse loads shutil, which loads bz2 and lzma for archives. Each of them treats a
-# failed import as "not available". Only before asyncio is loaded: a process that
-# already has it (a test run) is left as it is.
-_NEVER_USED: Final = ("ssl", "bz2", "lzma")
-if "asyncio" not in sys.modules:
-    for _name in _NEVER_USED:
-        sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
+from rbln_device_plugin import processtweaks
+
+# Before asyncio is imported by anything below (see processtweaks).
+processtweaks.keep_out_unused_modules()
 
 from rbln_device_plugin import __version__, config, options  # noqa: E402
 from rbln_device_plugin.model import resources  # noqa: E402
@@ -47,21 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rbln_device_plugin.runtime import signals
 
     if signals.installed():
-        _end_process(code)
+        # No interpreter finalisation: it would put the signals back to their defaults.
+        processtweaks.exit_now(code)
     return code
-
-
-def _end_process(code: int) -> NoReturn:
-    """Exit without the interpreter's finalisation, which puts every signal back to its
-    default action: a second SIGTERM in that last moment would kill the process without
-    its record. Everything that matters is written by now (records, stderr); the exit
-    handlers registered with atexit still run, as at a normal exit."""
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 def _main(args: Sequence[str]) -> int:

@@ -376,7 +376,7 @@ def _origin(option: Option, source: str) -> str:
     return f"{option.flag} (default)"
 
 
-def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
+def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     """Build the Config from parsed flag values (None = not given) and the environment."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}

@@ -9,13 +9,12 @@ log records or for ``inspect``'s report.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NoReturn
 
-from rbln_device_plugin import __version__, config
+from rbln_device_plugin import __version__, config, processtweaks
 from rbln_device_plugin.telemetry import logs
 
 EXIT_OK: Final = 0
@@ -46,36 +45,8 @@ class _StderrParser(argparse.ArgumentParser):
         super().print_help(sys.stderr)
 
 
-def terminal_columns() -> int:
-    """The width help is wrapped to, found as ``shutil.get_terminal_size`` finds it
-    ($COLUMNS, else stdout's terminal, else 80) without importing ``shutil``: argparse
-    builds a formatter for every flag it adds, and its own lookup imports ``shutil``,
-    which loads ``bz2`` and ``lzma`` (0.5 MiB the daemon would keep for life)."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return columns or 80
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+class _HelpFormatter(processtweaks.ShutilFreeHelpFormatter):
     """Never breaks a path or flag name at its hyphens; the width as argparse's own."""
-
-    def __init__(
-        self,
-        prog: str,
-        indent_increment: int = 2,
-        max_help_position: int = 24,
-        width: int | None = None,
-    ) -> None:
-        # argparse's default, ``shutil.get_terminal_size().columns - 2``, by hand.
-        width = terminal_columns() - 2 if width is None else width
-        super().__init__(prog, indent_increment, max_help_position, width)
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
@@ -121,15 +92,6 @@ def build_parser(
     return parser
 
 
-def _value_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
-    return frozenset(
-        flag
-        for action in parser._actions
-        if isinstance(action, argparse._StoreAction)
-        for flag in action.option_strings
-    )
-
-
 def attach_dash_values(argv: Sequence[str], value_flags: frozenset[str]) -> list[str]:
     """``--flag -1s`` -> ``--flag=-1s`` for every flag that takes a value.
 
@@ -164,13 +126,15 @@ def attach_dash_values(argv: Sequence[str], value_flags: frozenset[str]) -> list
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse ``argv`` with Go's rule for values that start with "-" (see above)."""
-    return parser.parse_args(attach_dash_values(argv, _value_flags(parser)))
+    return parser.parse_args(attach_dash_values(argv, processtweaks.value_flags(parser)))
 
 
-def resolve(namespace: argparse.Namespace, environ: Mapping[str, str]) -> config.Config:
+def config_from_namespace(
+    namespace: argparse.Namespace, environ: Mapping[str, str]
+) -> config.Config:
     """Parsed flags + environment -> Config; UsageError names the flag and its variable."""
     try:
-        return config.resolve(vars(namespace), environ)
+        return config.config_from_settings(vars(namespace), environ)
     except config.ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -190,4 +154,4 @@ def daemon_parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> config.Config:
     """The daemon's command line + environment -> Config. Raises UsageError."""
-    return resolve(parse_args(daemon_parser(), argv), environ)
+    return config_from_namespace(parse_args(daemon_parser(), argv), environ)

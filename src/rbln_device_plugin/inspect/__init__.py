@@ -2,6 +2,6 @@
 
 ``command`` parses the daemon's options plus its own and gathers the host facts
 (``facts``); ``report`` runs them through the daemon's own scan pipeline and explains
-each device (pure); ``preferred`` explains a GetPreferredAllocation answer; ``render``
+each device (pure); ``preferredreport`` explains a GetPreferredAllocation answer; ``render``
 prints the table or the JSON document that ``report.schema.json`` describes.
 """

@@ -29,10 +29,10 @@ from rbln_device_plugin.host import smi, sysfs
 from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
-from rbln_device_plugin.inspect.preferred import explain_preferred
+from rbln_device_plugin.inspect.preferredreport import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
 from rbln_device_plugin.inspect.report import RESOURCES, build_report
-from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, Verdict, resolve
+from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, SpecVerdict, resolve_cdi_devices
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, DeviceFacts, SriovFacts
 from rbln_device_plugin.telemetry import logs
 
@@ -120,7 +120,7 @@ def parse(
             named = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
             raise options.UsageError(f"{named} {verb} --preferred SIZE")
     return InspectRequest(
-        config=options.resolve(namespace, environ),
+        config=options.config_from_namespace(namespace, environ),
         output=namespace.output,
         preferred=namespace.preferred,
         resource=namespace.resource or RESOURCE_NPU,
@@ -203,10 +203,10 @@ async def _gather(cfg: config.Config, io: HostIO) -> HostFacts:
     )
 
 
-async def check_cdi(cfg: config.Config, io: HostIO) -> Verdict:
+async def check_cdi(cfg: config.Config, io: HostIO) -> SpecVerdict:
     """The daemon's CDI spec check: the same directories, reader and rules."""
     paths = [str(path) for path in cfg.cdi_spec_dirs]
-    return resolve(await read_spec_dirs(io, SpecDirReader(), paths), REFERENCED_DEVICES)
+    return resolve_cdi_devices(await read_spec_dirs(io, SpecDirReader(), paths), REFERENCED_DEVICES)
 
 
 def _stalled_facts(stalled: Stalled) -> DeviceFacts:

@@ -12,7 +12,7 @@ from typing import Any
 
 from rbln_device_plugin.host.smi import ParsedEntry
 from rbln_device_plugin.host.sysfs import SysfsDevice
-from rbln_device_plugin.model.cdispec import Verdict
+from rbln_device_plugin.model.cdispec import SpecVerdict
 from rbln_device_plugin.model.health import StatusReading
 from rbln_device_plugin.model.inventory import DeviceFacts, is_valid_bus_id, is_valid_name
 
@@ -44,7 +44,7 @@ class HostFacts:
     # The sysfs directories that do not exist when the PCI one is among them (see
     # ``sysfs.missing_roots``): the sysfs root is not the host's.
     sysfs_missing: tuple[str, ...] = ()
-    cdi: Verdict | None = None  # the CDI spec check, as the daemon makes it
+    cdi: SpecVerdict | None = None  # the CDI spec check, as the daemon makes it
 
 
 def wanted_reads(

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from rbln_device_plugin.inspect.facts import SmiOutcome
-from rbln_device_plugin.inspect.preferred import Choice, PreferredReport, score_levels
+from rbln_device_plugin.inspect.preferredreport import Choice, PreferredReport, score_levels
 from rbln_device_plugin.inspect.report import Finding, Report, Row
-from rbln_device_plugin.model.cdispec import CdiState, Verdict
+from rbln_device_plugin.model.cdispec import CdiState, SpecVerdict
 
 SCHEMA_VERSION: Final = 1
 _CELL_MAX: Final = 72
@@ -57,7 +57,7 @@ def to_document(report: Report, preferred: PreferredReport | None, version: str)
     }
 
 
-def _cdi(verdict: Verdict | None) -> dict[str, Any] | None:
+def _cdi(verdict: SpecVerdict | None) -> dict[str, Any] | None:
     if verdict is None:
         return None
     return {
@@ -190,7 +190,7 @@ def render_table(report: Report, preferred: PreferredReport | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cdi_line(verdict: Verdict) -> str:
+def _cdi_line(verdict: SpecVerdict) -> str:
     devices = ", ".join(verdict.wanted)
     if verdict.state is CdiState.PRESENT:
         files = ", ".join(sorted(set(verdict.found.values())))

@@ -4,7 +4,7 @@ Pure. One read-only pass over the host (``command``) produces ``HostFacts`` (``f
 This module runs them through the daemon's own policy, the very functions a scan and a
 new resource plugin use (``screen`` and ``inventory_from``, then ``DeviceTable`` with a
 fresh ``HealthHistory`` per resource), and explains every device: the resource it is
-advertised under, or why it is not. ``preferred`` answers a ``GetPreferredAllocation``
+advertised under, or why it is not. ``preferredreport`` answers a ``GetPreferredAllocation``
 the way the resource plugin would; rendering (table and JSON) lives in ``render``.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Final
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
 from rbln_device_plugin.model import resources
-from rbln_device_plugin.model.cdispec import CdiState, Verdict
+from rbln_device_plugin.model.cdispec import CdiState, SpecVerdict
 from rbln_device_plugin.model.devicetable import DeviceTable, Entry
 from rbln_device_plugin.model.health import HealthHistory, StatusReading
 from rbln_device_plugin.model.inventory import (
@@ -138,7 +138,7 @@ def build_report(host: HostFacts) -> Report:
 _SHOWN_SPEC_FILES: Final = 16
 
 
-def cdi_findings(verdict: Verdict | None) -> list[Finding]:
+def cdi_findings(verdict: SpecVerdict | None) -> list[Finding]:
     """What the CDI spec check found, as warnings: the devices still reach the kubelet,
     but a CDI-enabled runtime refuses every NPU container without the spec."""
     if verdict is None:

@@ -34,13 +34,13 @@ INLINE_WORK: Final = 4 * 64
 
 
 @dataclass(slots=True)
-class _Prepared:
+class _CachedTopology:
     entries: Mapping[str, Entry]  # the table's entries the topology was last checked against
     devices: tuple[Device, ...]
     prepared: topology.Topology
 
 
-_prepared: weakref.WeakKeyDictionary[DeviceTable, _Prepared] = weakref.WeakKeyDictionary()
+_prepared: weakref.WeakKeyDictionary[DeviceTable, _CachedTopology] = weakref.WeakKeyDictionary()
 
 
 def topology_for(table: DeviceTable) -> topology.Topology:
@@ -54,7 +54,7 @@ def topology_for(table: DeviceTable) -> topology.Topology:
         known.entries = entries  # a new scan with the same devices
         return known.prepared
     candidates = {d.name: topology.candidate_from_device(d) for d in devices}
-    _prepared[table] = _Prepared(entries, devices, topology.Topology(candidates))
+    _prepared[table] = _CachedTopology(entries, devices, topology.Topology(candidates))
     return _prepared[table].prepared
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import grpc
 
+from rbln_device_plugin import processtweaks
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.core.devicestate import DeviceState
-from rbln_device_plugin.host import memory
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.events import Events, PluginRef, RescanWanted, StreamLost
 from rbln_device_plugin.kubelet.services import SharedServices
@@ -44,7 +44,7 @@ def load_deferred() -> None:
     """Import what only the kubelet's requests need (after Register: the start is
     shorter), then give the heap start-up freed back to the system."""
     _preferred()
-    memory.release_free_heap()
+    processtweaks.release_free_heap()
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:

@@ -2,7 +2,7 @@
 
 Pure. ``parse_spec`` checks one file's text by the rules of the CDI library that
 containerd and CRI-O use (tags.cncf.io/container-device-interface: ``pkg/parser`` for
-names, the default validator and ``specs-go/version.go`` for the rest); ``resolve``
+names, the default validator and ``specs-go/version.go`` for the rest); ``resolve_cdi_devices``
 combines the files of the spec directories the way that library's cache does, and says
 whether every device the daemon's answers name is defined, missing, or whether the
 daemon cannot tell (a directory it cannot see, a file it could not check).
@@ -327,7 +327,7 @@ class CdiState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class SpecVerdict:
     state: CdiState
     wanted: tuple[str, ...]
     missing: tuple[str, ...] = ()  # wanted devices no visible usable spec defines
@@ -338,7 +338,9 @@ class Verdict:
     conflicts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device -> files
 
 
-def resolve(dirs: Sequence[SpecDir], wanted: Iterable[str] = REFERENCED_DEVICES) -> Verdict:
+def resolve_cdi_devices(
+    dirs: Sequence[SpecDir], wanted: Iterable[str] = REFERENCED_DEVICES
+) -> SpecVerdict:
     """Whether the runtimes' CDI cache, built from ``dirs`` (lowest priority first),
     resolves every wanted device."""
     wanted_t = tuple(wanted)
@@ -374,7 +376,7 @@ def resolve(dirs: Sequence[SpecDir], wanted: Iterable[str] = REFERENCED_DEVICES)
         state = CdiState.UNKNOWN
     else:
         state = CdiState.MISSING
-    return Verdict(
+    return SpecVerdict(
         state,
         wanted_t,
         missing,

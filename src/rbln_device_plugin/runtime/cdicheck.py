@@ -18,7 +18,12 @@ from typing import Any, Final
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import HostIO
-from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, CdiState, Verdict, resolve
+from rbln_device_plugin.model.cdispec import (
+    REFERENCED_DEVICES,
+    CdiState,
+    SpecVerdict,
+    resolve_cdi_devices,
+)
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import Metrics
 
@@ -44,19 +49,19 @@ class CdiSpecCheck:
         self._hostio = hostio
         self._metrics = metrics
         self._reader = SpecDirReader()
-        self.verdict: Verdict | None = None
+        self.verdict: SpecVerdict | None = None
         self._missing_since: float | None = None
         self._malformed_seen: dict[str, str] = {}
 
-    async def check(self) -> Verdict:
+    async def check(self) -> SpecVerdict:
         dirs = await read_spec_dirs(self._hostio, self._reader, self._dirs)
-        verdict = resolve(dirs, REFERENCED_DEVICES)
+        verdict = resolve_cdi_devices(dirs, REFERENCED_DEVICES)
         previous, self.verdict = self.verdict, verdict
         self._report(previous, verdict)
         self._metrics.cdi_spec(verdict.state.value)
         return verdict
 
-    def _report(self, previous: Verdict | None, verdict: Verdict) -> None:
+    def _report(self, previous: SpecVerdict | None, verdict: SpecVerdict) -> None:
         for path, reason in verdict.malformed.items():
             if self._malformed_seen.get(path) != reason:
                 log.debug("CDI spec file is unusable; the runtimes skip it", path=path, err=reason)
@@ -94,7 +99,7 @@ class CdiSpecCheck:
             return {}
         return {"missingSeconds": round(time.monotonic() - since, 1)}
 
-    def _fields(self, verdict: Verdict) -> dict[str, Any]:
+    def _fields(self, verdict: SpecVerdict) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "cdiDevices": list(verdict.wanted),
             "cdiMode": self._mode,
