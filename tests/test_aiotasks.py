@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,39 @@ async def test_a_stalled_call_in_a_host_batch_is_answered_as_stalled_alone() -> 
         io.close()
     assert isinstance(stuck.result(), Stalled)
     assert after.result() == "fine"
+
+
+async def test_what_an_abandoned_call_returns_is_freed_once_it_returns() -> None:
+    """A cancelled caller (an Allocate the kubelet gave up on) leaves its batch to the
+    worker: what the call then returns, an opened lock file say, must not stay alive in
+    the idle thread until it next gets work."""
+    release = threading.Event()
+    returned = threading.Event()
+
+    class Opened:
+        pass
+
+    freed = threading.Event()
+
+    def opens() -> Opened:
+        release.wait(10)
+        value = Opened()
+        weakref.finalize(value, freed.set)
+        returned.set()
+        return value
+
+    io = HostIO(timeout=10)
+    try:
+        batch = HostBatch()
+        batch.add(Call("opens", opens))
+        caller = asyncio.ensure_future(batch.run(io))
+        await asyncio.sleep(0.05)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        del batch, caller
+        release.set()
+        assert await asyncio.to_thread(returned.wait, 10)
+        assert await asyncio.to_thread(freed.wait, 5), "the idle worker still holds it"
+    finally:
+        io.close()

@@ -289,6 +289,10 @@ class HostIO:
             # Only now: a batch submitted right after this one finds this thread idle.
             if finished:
                 batch.done()
+            # An idle thread holds nothing of its last batch: what an abandoned call
+            # returned (an RSD lock file opened ahead for an Allocate that was cancelled)
+            # is freed now, not when this thread next gets work.
+            job = batch = released = None  # type: ignore[assignment]
             if ends:
                 return
 
