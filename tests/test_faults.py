@@ -430,6 +430,41 @@ sys.stdin.read()  # hold until the test closes our stdin
 """
 
 
+async def test_a_lock_timeout_after_queueing_names_the_whole_budget() -> None:
+    """An allocation that queued behind this daemon's own for part of the 5 s budget, and
+    then met a lock another process holds, waited 5 s: its message says 5 s and how much
+    of it was queueing, not the remainder the file lock was given."""
+    async with launch("rebel-sriov") as h:
+        await registered(h, SRIOV_COUNTS)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(h.node.rsd_lock_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+        async def refused(resource: str, ids: list[str]) -> str:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await allocate_direct(h.node, resource, [ids], deadline=CALL_GUARD_S)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+            return caught.value.details() or ""
+
+        try:
+            assert holder.stdout is not None
+            assert await asyncio.to_thread(holder.stdout.readline) == "locked\n"
+            first = asyncio.ensure_future(refused(NPU, ["rbln2"]))
+            await asyncio.sleep(1.5)  # the second queues behind the first for ~3.5 s
+            second = await refused(VF4, ["rbln0-0", "rbln0-1"])
+            await first
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(5)
+        assert f"timed out after 5 s waiting for the RSD lock {h.node.rsd_lock_path} (" in second
+        assert "s of it queued behind this daemon's earlier allocations)" in second, second
+        assert groups(h) == {}
+
+
 async def test_allocates_racing_a_lock_held_by_another_process() -> None:
     async with launch("rebel-sriov") as h:
         await registered(h, SRIOV_COUNTS)

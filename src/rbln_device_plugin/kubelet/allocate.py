@@ -338,19 +338,21 @@ class Allocator:
         the file lock, so no allocation waits longer than the lock policy allows.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + rsd.LOCK_TIMEOUT_S
+        started = loop.time()
+        lock_path = self._config.rsd_lock_path
         try:
             async with asyncio.timeout(rsd.LOCK_TIMEOUT_S):
                 await self._rsd_queue.acquire()
         except TimeoutError:
             raise rsd.RsdLockTimeout(
                 f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
-                f"{self._config.rsd_lock_path} (queued behind this daemon's earlier allocations)"
+                f"{lock_path} (queued behind this daemon's earlier allocations)"
             ) from None
+        queued = loop.time() - started
         try:
             host = rsd.RsdHost(
                 self._hostio,
-                self._config.rsd_lock_path,
+                lock_path,
                 self._config.dev_root,
                 accept_file_nodes=self._config.test_file_device_nodes,
                 metrics=self._metrics,
@@ -360,11 +362,27 @@ class Allocator:
                 binary,
                 [d.bus_id for d in devices],
                 expected={d.name: d.bus_id for d in devices},
-                lock_timeout=max(rsd.LOCK_RETRY_S, deadline - loop.time()),
+                lock_timeout=max(rsd.LOCK_RETRY_S, rsd.LOCK_TIMEOUT_S - queued),
                 opened_lock=lock_file,
             )
+        except rsd.RsdLockTimeout as exc:
+            # The file lock had what the queue left of the budget: the allocation waited
+            # the whole budget, and says so (not the remainder the file lock was given).
+            queue_part = (
+                f" ({queued:.1f} s of it queued behind this daemon's earlier allocations)"
+                if queued >= _SHOWN_QUEUE_S
+                else ""
+            )
+            raise rsd.RsdLockTimeout(
+                f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
+                f"{lock_path}{queue_part}"
+            ) from exc
         finally:
             self._rsd_queue.release()
+
+
+# A queue wait shorter than this is not worth naming in a lock timeout's message.
+_SHOWN_QUEUE_S: Final = 0.05
 
 
 _SMI_LOOKUP: Final = "rbln-smi lookup"
