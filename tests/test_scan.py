@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from rbln_device_plugin.host.hostio import HostIO
-from rbln_device_plugin.host.scan import DiscoveryError, Scanner, ScanResult
-from rbln_device_plugin.host.smi import locate_rbln_smi
+from rbln_device_plugin.host.scan import DiscoveryError, ScanLimits, Scanner, ScanResult
 from rbln_device_plugin.host.sysfs import read_status
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, RESOURCE_NPU_VF4
 from rbln_device_plugin_sim.layout import Layout, SimDevice, make_vfs
@@ -115,9 +113,7 @@ async def test_missing_binary_is_a_discovery_failure(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     scanner = Scanner(
-        sysfs_root=tmp_path,
-        locate=partial(locate_rbln_smi, None, [tmp_path / "nope"]),
-        hostio=hostio,
+        sysfs_root=tmp_path, hostio=hostio, limits=ScanLimits(candidates=[tmp_path / "nope"])
     )
     with pytest.raises(DiscoveryError, match="rbln-smi not found"):
         await scanner.scan()
@@ -133,7 +129,7 @@ async def test_binary_is_looked_up_on_every_scan(
     late = short_tmp / "late" / "rbln-smi"
     monkeypatch.setenv("PATH", str(short_tmp / "empty"))
     scanner = Scanner(
-        sysfs_root=node.sysfs_root, locate=partial(locate_rbln_smi, None, [late]), hostio=hostio
+        sysfs_root=node.sysfs_root, hostio=hostio, limits=ScanLimits(candidates=[late])
     )
     with pytest.raises(DiscoveryError):
         await scanner.scan()

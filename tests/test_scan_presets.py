@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from rbln_device_plugin.host.hostio import HostIO
-from rbln_device_plugin.host.scan import DiscoveryError, Scanner, ScanResult
+from rbln_device_plugin.host.scan import DiscoveryError, ScanLimits, Scanner, ScanResult
 from rbln_device_plugin.host.sysfs import read_status
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, RESOURCE_NPU_VF1, RESOURCE_NPU_VF4
 from rbln_device_plugin_sim.layout import preset
@@ -30,7 +30,10 @@ def load(short_tmp: Path, name: str) -> SimNode:
 def scanner(hostio: HostIO) -> Callable[..., Scanner]:
     def make(node: SimNode, timeout: float = 5.0) -> Scanner:
         return Scanner(
-            sysfs_root=node.sysfs_root, smi_path=node.smi_path, timeout=timeout, hostio=hostio
+            sysfs_root=node.sysfs_root,
+            smi_path=node.smi_path,
+            hostio=hostio,
+            limits=ScanLimits(timeout=timeout),
         )
 
     return make

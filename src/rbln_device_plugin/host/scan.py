@@ -15,13 +15,14 @@ wait (see ``host.hostio``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.host.smi import (
+    DEFAULT_CANDIDATES,
     INVENTORY_TIMEOUT_S,
     DiscoveryError,
     SmiError,
@@ -111,6 +112,15 @@ def sriov_key(root: Path | str, bus_id: str) -> str:
     return os.path.join(pci_device_dir(root, bus_id), "sriov_numvfs")
 
 
+@dataclass(frozen=True, slots=True)
+class ScanLimits:
+    """How a scan finds and runs ``rbln-smi``: where to look before $PATH when no path is
+    configured, and how long one listing may take."""
+
+    timeout: float = INVENTORY_TIMEOUT_S
+    candidates: Sequence[Path] = DEFAULT_CANDIDATES
+
+
 class Scanner:
     """Discovers devices; one instance per daemon so problem logging stays deduplicated."""
 
@@ -119,16 +129,15 @@ class Scanner:
         *,
         sysfs_root: Path = Path("/sys"),
         smi_path: Path | None = None,
-        timeout: float = INVENTORY_TIMEOUT_S,
-        locate: Callable[[], Path] | None = None,
         hostio: HostIO,
         metrics: Metrics = NOOP,
+        limits: ScanLimits = ScanLimits(),
     ) -> None:
         self.sysfs_root = sysfs_root
         self._metrics = metrics
-        self.timeout = timeout
-        # Finds the rbln-smi to run; tests give their own candidates (see ``locate_rbln_smi``).
-        self._locate = locate or partial(locate_rbln_smi, smi_path)
+        self.timeout = limits.timeout
+        # Finds the rbln-smi to run, on every scan (it may be installed after the start).
+        self._locate = partial(locate_rbln_smi, smi_path, limits.candidates)
         self._hostio = hostio
         self.problems = ProblemLog()
         self.facts = FactsCache()
