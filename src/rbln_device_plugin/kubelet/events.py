@@ -67,8 +67,17 @@ class RescanWanted:
 
 
 @dataclass(frozen=True, slots=True)
-class BeforeScan:
-    """The scan loop is about to scan: a pending kubelet restart is acted on first."""
+class RestartDue:
+    """The scan loop asks whether a kubelet restart waits to be acted on (the session
+    looks at kubelet.sock first); ``done`` gets the answer."""
+
+    done: asyncio.Future[bool] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RestartNow:
+    """The scan loop did its own part of a restart (the instance lock's check): every
+    plugin stops and the transient CDI specs go; the next ``Reconcile`` starts them."""
 
     done: asyncio.Future[None] = field(compare=False)
 
@@ -87,7 +96,8 @@ SessionEvent = (
     | RegistrationEnded
     | KubeletSocketRecreated
     | RescanWanted
-    | BeforeScan
+    | RestartDue
+    | RestartNow
     | Reconcile
 )
 Events = asyncio.Queue[SessionEvent]

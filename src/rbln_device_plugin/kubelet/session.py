@@ -12,7 +12,9 @@ State, all of it owned here and changed only by ``run``'s task, one event at a t
   reason; see ``model.streaks``).
 
 Producers put events and never wait for the session, except the scan loop, whose
-``before_scan`` and ``reconcile`` wait until their event was handled. A lost stream is
+``restart_due``, ``restart`` and ``reconcile`` wait until their event was handled (the
+loop runs its own part of a restart, the instance lock's check, between the first two:
+the session calls nothing above it). A lost stream is
 judged after a grace (``STREAM_LOSS_GRACE_S``): a kubelet restart ends every stream
 first, and its new socket shows up within it.
 
@@ -25,21 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Final
+from typing import Final, TypeVar
 
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.host.kubeletdir import KubeletDirectory
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.events import (
-    BeforeScan,
     Events,
     KubeletSocketRecreated,
     PluginRef,
     Reconcile,
     RegistrationEnded,
     RescanWanted,
+    RestartDue,
+    RestartNow,
     SessionEvent,
     StreamLossSettled,
     StreamLost,
@@ -66,8 +69,12 @@ class Kubelet(enum.Enum):
     DOWN = "down"
 
 
-async def _nothing() -> None:
-    pass
+T = TypeVar("T")
+
+
+def _answer(done: asyncio.Future[T], value: T) -> None:
+    if not done.done():  # a scan loop that stopped waiting cancelled it
+        done.set_result(value)
 
 
 class KubeletSession:
@@ -76,14 +83,12 @@ class KubeletSession:
         services: SharedServices,
         states: DeviceStates,
         wake_scan: asyncio.Event,
-        before_reregistering: Callable[[], Awaitable[None]] = _nothing,
     ) -> None:
         config = services.config
         self._hostio = services.hostio
         self._metrics = services.metrics
         self._cdi_root = config.cdi_root
         self._wake_scan = wake_scan  # set: scan now, keep the schedule
-        self._before_reregistering = before_reregistering
         self.events: Events = asyncio.Queue()
         self.watch = KubeletSocketWatch(config.kubelet_dir, services.hostio)
         self._kubelet_dir = KubeletDirectory(config.kubelet_dir, services.hostio)
@@ -94,15 +99,21 @@ class KubeletSession:
         self._grace_timers: set[asyncio.TimerHandle] = set()
 
     # ----------------------------------------------------------------- the scan loop's
-    async def before_scan(self) -> None:
-        """A kubelet restart seen since the last scan: every plugin stops first."""
-        await self._ask(BeforeScan(asyncio.get_running_loop().create_future()))
+    async def restart_due(self) -> bool:
+        """Whether a kubelet restart waits to be acted on (kubelet.sock looked at first)."""
+        event = RestartDue(asyncio.get_running_loop().create_future())
+        self.events.put_nowait(event)
+        return await event.done
+
+    async def restart(self) -> None:
+        """Act on a kubelet restart: every plugin stops; the next reconcile starts them."""
+        event = RestartNow(asyncio.get_running_loop().create_future())
+        self.events.put_nowait(event)
+        await event.done
 
     async def reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
         """Serve exactly ``offered``: start, update, stop and register plugins."""
-        await self._ask(Reconcile(offered, asyncio.get_running_loop().create_future()))
-
-    async def _ask(self, event: BeforeScan | Reconcile) -> None:
+        event = Reconcile(offered, asyncio.get_running_loop().create_future())
         self.events.put_nowait(event)
         await event.done
 
@@ -126,17 +137,14 @@ class KubeletSession:
             await aiotasks.cancel_and_wait(watcher, title="kubelet session")
 
     async def _handle(self, event: SessionEvent) -> None:
-        done = event.done if isinstance(event, BeforeScan | Reconcile) else None
         try:
             await self._dispatch(event)
         except Exception as exc:
-            if done is None:  # a bug must not end the session: the next event comes
+            if isinstance(event, RestartDue | RestartNow | Reconcile):
+                if not event.done.done():
+                    event.done.set_exception(exc)  # the scan loop's own failure
+            else:  # a bug must not end the session: the next event comes
                 log.error("Kubelet session event failed", sessionEvent=repr(event), exc_info=True)
-            elif not done.done():
-                done.set_exception(exc)  # the scan loop's own failure
-        else:
-            if done is not None and not done.done():
-                done.set_result(None)
         finally:
             if isinstance(event, RegistrationEnded) and not event.handled.done():
                 event.handled.set_result(None)
@@ -144,10 +152,15 @@ class KubeletSession:
     async def _dispatch(self, event: SessionEvent) -> None:
         self._note_restarts()
         match event:
-            case BeforeScan():
-                await self._restart_if_kubelet_restarted()
-            case Reconcile(offered=offered):
+            case RestartDue(done=due):
+                await self._check_kubelet_socket()  # a cheap stat per scan backs up the watch
+                _answer(due, self.kubelet is Kubelet.RESTARTED)
+            case RestartNow(done=done):
+                await self._restart()
+                _answer(done, None)
+            case Reconcile(offered=offered, done=done):
                 await self._reconcile(offered)
+                _answer(done, None)
             case RegistrationEnded():
                 await self._registration_ended(event)
             case StreamLost(plugin=ref):
@@ -173,11 +186,9 @@ class KubeletSession:
         self._note_restarts()
 
     # ----------------------------------------------------------------- restarts
-    async def _restart_if_kubelet_restarted(self) -> None:
-        await self._check_kubelet_socket()  # a cheap stat per scan backs up the watch
+    async def _restart(self) -> None:
         if self.kubelet is Kubelet.RESTARTED:
             self.kubelet = Kubelet.SERVING
-            await self._before_reregistering()
             await self.stop_plugins()
             await self.clean_cdi()
 
@@ -187,8 +198,6 @@ class KubeletSession:
 
     # ----------------------------------------------------------------- reconciling
     async def _reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
-        # The kubelet may have restarted while rbln-smi ran: restart first, register once.
-        await self._restart_if_kubelet_restarted()
         if self.kubelet is Kubelet.DOWN and await self._kubelet_serving():
             self.kubelet = Kubelet.SERVING  # serving again on the same socket: register
         for resource in await self._plugins.stop_absent(offered):

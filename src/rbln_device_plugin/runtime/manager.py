@@ -66,7 +66,7 @@ class Manager:
         self.devices = NodeDevices(config, source, services.hostio, services.metrics)
         # Set to scan now and keep the schedule (by the session: see the module docstring).
         self._wake = asyncio.Event()
-        self.session = KubeletSession(services, self.devices, self._wake, hooks.kubelet_restart)
+        self.session = KubeletSession(services, self.devices, self._wake)
         self.cdi_check = CdiSpecCheck(config, services.hostio, services.metrics)
         self._cdi_check_failed = False
         self.scans = 0
@@ -108,7 +108,7 @@ class Manager:
     async def _scan_once(self) -> None:
         await self._hooks.scan_start()
         try:
-            await self.session.before_scan()
+            await self._settle_kubelet_restart()
             await self._reconcile()
             await self._check_cdi_spec()
         finally:
@@ -129,8 +129,18 @@ class Manager:
         started = time.monotonic()
         self.scans += 1
         discovery = await self.devices.discover()
+        # The kubelet may have restarted while rbln-smi ran: restart first, register once.
+        await self._settle_kubelet_restart()
         await self.session.reconcile(discovery.offered)
         self._record(discovery, started)
+
+    async def _settle_kubelet_restart(self) -> None:
+        """A kubelet restart seen since: the runtime's part first (the hook: the instance
+        lock's check, as kubelets before 1.33 delete its legacy file), then the session
+        stops every plugin before anything registers again."""
+        if await self.session.restart_due():
+            await self._hooks.kubelet_restart()
+            await self.session.restart()
 
     def _record(self, discovery: Discovery, started: float) -> None:
         """The scan's metrics and its debug record."""
