@@ -48,9 +48,6 @@ FOREIGN_REMOVED_MSG: Final = "Removed a foreign entry where the device plugin so
 log = get_logger()
 
 
-__all__ = ["FOREIGN_REMOVED_MSG", "RegistrationError", "ResourcePlugin"]
-
-
 class ResourcePlugin:
     def __init__(
         self, ref: PluginRef, services: SharedServices, state: DeviceState, events: Events
