@@ -66,7 +66,8 @@ class DeviceState:
 
     # ----------------------------------------------------------------- updates
     async def update(self, devices: Sequence[Device]) -> list[Change]:
-        """Apply one scan's devices; log what changed; wake ListAndWatch if needed."""
+        """Apply one scan's devices; log what changed; wake the view's waiters (the device
+        plugin's ListAndWatch streams) when what the kubelet sees changed."""
         async with self._observe_lock:
             readings = await self._read_statuses(devices)
             changes = self.table.apply_scan(devices, readings)
@@ -82,7 +83,8 @@ class DeviceState:
         return changes
 
     async def close(self) -> None:
-        """The plugin stops: its devices leave the metrics, its streams end."""
+        """Its front end stops serving it: its devices leave the metrics, the view's
+        waiters end."""
         self._closed = True
         self._metrics.devices(self.resource, None)
         async with self._changed:
@@ -103,7 +105,7 @@ class DeviceState:
     def _has_news(self, sent: int) -> bool:
         return self._version != sent or self._closed
 
-    # ----------------------------------------------------------------- Allocate
+    # ----------------------------------------------------------------- allocation
     def validate(self, requested: Sequence[Sequence[str]]) -> ValidRequest:
         """Check a request against the devices published now (raises AllocationError)."""
         return validate_request(self.resource, requested, self.table.entries)
