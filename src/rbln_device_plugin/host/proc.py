@@ -225,15 +225,14 @@ async def run(
     tool: str,
     max_output: int,
     pass_fds: Sequence[int] = (),
-    started: float | None = None,
 ) -> str:
     """Run ``binary args`` and return its stdout (UTF-8, invalid bytes replaced).
 
     Raises CommandError naming the command, duration, exit status and the trimmed
     output. ``tool`` names the program in log records; ``pass_fds`` are inherited by
-    the tool; ``started`` (monotonic) is when the caller's clock for durations began.
+    the tool.
     """
-    began = time.monotonic() if started is None else started
+    began = time.monotonic()
     command = " ".join([str(binary), *args])
 
     def elapsed_ms() -> int:

@@ -103,9 +103,8 @@ async def run_smi(
     result = m.SMI_CANCELLED
     try:
         output = await proc.run(
-            binary, args, timeout, tool="rbln-smi", max_output=max_output,
-            pass_fds=pass_fds, started=started,
-        )  # fmt: skip
+            binary, args, timeout, tool="rbln-smi", max_output=max_output, pass_fds=pass_fds
+        )
         result = m.OK
         return output
     except SmiError as exc:
