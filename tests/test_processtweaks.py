@@ -112,3 +112,20 @@ def test_value_flags_are_the_store_actions_flags() -> None:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_malloc_trim_is_found_on_glibc() -> None:
     assert processtweaks.release_free_heap() is True
+
+
+def test_the_preferred_allocation_search_loads_only_after_register() -> None:
+    """The servicer's deferred import: the daemon's runtime, the servicer included, loads
+    without the topology package, and ``load_deferred`` (run after Register) loads it."""
+    code = (
+        "import sys\n"
+        "import rbln_device_plugin.runtime.daemon\n"
+        "from rbln_device_plugin.kubelet import servicer\n"
+        "before = 'rbln_device_plugin.topology' in sys.modules\n"
+        "servicer.load_deferred()\n"
+        "print(before, 'rbln_device_plugin.topology' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr
