@@ -274,10 +274,14 @@ class SmiCall:
 def trace_smi(node: SimNode) -> Path:
     """Wrap the node's rbln-smi so every invocation records its pid, arguments and times.
 
-    CLOCK_MONOTONIC is shared by all processes, so the intervals are comparable.
+    CLOCK_MONOTONIC is shared by all processes, so the intervals are comparable. The
+    running daemon may look for or run rbln-smi at any moment (a scan, an Allocate): at
+    every instant the path holds an executable, the real tool until one rename puts the
+    finished wrapper there (a rename first, then a write and a chmod, left a moment with
+    no rbln-smi or one that could not run, and a scan in it failed the test once).
     """
     real = node.smi_path.with_name("rbln-smi.real")
-    node.smi_path.rename(real)
+    os.link(node.smi_path, real)
     log_path = node.root / "smi-calls.log"
     wrapper = f"""#!{sys.executable} -S
 import os, subprocess, sys, time
@@ -290,8 +294,10 @@ code = subprocess.call([{str(real)!r}, *sys.argv[1:]])
 note(f"end {{os.getpid()}} {{time.monotonic()}}\\n")
 sys.exit(code)
 """
-    node.smi_path.write_text(wrapper)
-    node.smi_path.chmod(0o755)
+    staged = node.smi_path.with_name("rbln-smi.tracing")
+    staged.write_text(wrapper)
+    staged.chmod(0o755)
+    staged.replace(node.smi_path)
     return log_path
 
 
