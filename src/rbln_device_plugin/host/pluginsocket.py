@@ -14,8 +14,8 @@ following it (``lstat`` relative to the directory's descriptor):
   and a link's target;
 - a directory (what a hostPath volume of type ``DirectoryOrCreate`` makes where a
   socket is missing, or a mount point): not ours to remove and no place to serve on, so
-  the plugin does not start and the error names the path and what to do. The manager
-  retries at every scan, so the plugin serves the moment the operator has removed it.
+  the plugin does not start and the error names the path and what to do. The kubelet
+  session retries at every scan, so the plugin serves the moment the operator has removed it.
 
 Every function here blocks: the plugin runs them through ``HostIO``, which bounds them.
 """
