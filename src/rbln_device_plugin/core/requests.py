@@ -51,10 +51,17 @@ class ValidRequest:
     entries: Mapping[str, Entry]
 
 
+def shown_id(device_id: str) -> str:
+    """One requested ID cut at ``SHOWN_ID_CHARS``: a hostile request's IDs can be
+    anything, and messages and trace attributes must stay bounded."""
+    if len(device_id) <= SHOWN_ID_CHARS:
+        return device_id
+    return device_id[:SHOWN_ID_CHARS] + "..."
+
+
 def shown_ids(ids: Sequence[str]) -> str:
-    """At most ``SHOWN_IDS`` IDs, each cut at ``SHOWN_ID_CHARS``: a hostile request's IDs
-    can be anything, and messages end up in pod events."""
-    shown = [i if len(i) <= SHOWN_ID_CHARS else i[:SHOWN_ID_CHARS] + "..." for i in ids]
+    """At most ``SHOWN_IDS`` IDs, each cut (``shown_id``): messages end up in pod events."""
+    shown = [shown_id(i) for i in ids]
     text = ", ".join(repr(i) for i in shown[:SHOWN_IDS])
     return text + (f" and {len(ids) - SHOWN_IDS} more" if len(ids) > SHOWN_IDS else "")
 

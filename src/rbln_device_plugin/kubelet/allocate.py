@@ -30,7 +30,13 @@ import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2
 from rbln_device_plugin.config import Config
-from rbln_device_plugin.core.requests import SHOWN_ID_CHARS, SHOWN_IDS, AllocationError, Snapshot
+from rbln_device_plugin.core.requests import (
+    SHOWN_ID_CHARS,
+    SHOWN_IDS,
+    AllocationError,
+    Snapshot,
+    shown_id,
+)
 from rbln_device_plugin.host import devnodes, rsd, smi
 from rbln_device_plugin.host.hostio import Call, HostBatch, Slot, Stalled
 from rbln_device_plugin.kubelet import cdi
@@ -132,6 +138,14 @@ class Allocator:
         self._hostio = services.hostio
         self._metrics = services.metrics
         self._rsd_queue = services.rsd_queue
+        # Where and how this node's RSD groups change: the same for every allocation.
+        self._rsd_host = rsd.RsdHost(
+            services.hostio,
+            services.config.rsd_lock_path,
+            services.config.dev_root,
+            accept_file_nodes=services.config.test_file_device_nodes,
+            metrics=services.metrics,
+        )
 
     def look_ahead(self, distinct: Sequence[str], containers: int) -> FirstLook:
         """The containers' first host checks for a validated request, as calls for the
@@ -192,9 +206,7 @@ class Allocator:
     ) -> dict[str, Any]:
         """The allocateContainer attributes known before any host access."""
         # IDs here may be anything the client sent: bounded like the error message's.
-        shown = [
-            i if len(i) <= SHOWN_ID_CHARS else i[:SHOWN_ID_CHARS] + "..." for i in ids[:_TRACED_IDS]
-        ]
+        shown = [shown_id(i) for i in ids[:_TRACED_IDS]]
         attributes: dict[str, Any] = {
             "rbln.resource_name": self._resource,
             "rbln.device.ids": shown,
@@ -339,26 +351,15 @@ class Allocator:
         """
         loop = asyncio.get_running_loop()
         started = loop.time()
-        lock_path = self._config.rsd_lock_path
         try:
             async with asyncio.timeout(rsd.LOCK_TIMEOUT_S):
                 await self._rsd_queue.acquire()
         except TimeoutError:
-            raise rsd.RsdLockTimeout(
-                f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
-                f"{lock_path} (queued behind this daemon's earlier allocations)"
-            ) from None
+            raise self._lock_timeout("queued behind this daemon's earlier allocations") from None
         queued = loop.time() - started
         try:
-            host = rsd.RsdHost(
-                self._hostio,
-                lock_path,
-                self._config.dev_root,
-                accept_file_nodes=self._config.test_file_device_nodes,
-                metrics=self._metrics,
-            )
             return await rsd.recreate_rsd_group(
-                host,
+                self._rsd_host,
                 binary,
                 [d.bus_id for d in devices],
                 expected={d.name: d.bus_id for d in devices},
@@ -369,16 +370,21 @@ class Allocator:
             # The file lock had what the queue left of the budget: the allocation waited
             # the whole budget, and says so (not the remainder the file lock was given).
             queue_part = (
-                f" ({queued:.1f} s of it queued behind this daemon's earlier allocations)"
+                f"{queued:.1f} s of it queued behind this daemon's earlier allocations"
                 if queued >= _SHOWN_QUEUE_S
-                else ""
+                else None
             )
-            raise rsd.RsdLockTimeout(
-                f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
-                f"{lock_path}{queue_part}"
-            ) from exc
+            raise self._lock_timeout(queue_part) from exc
         finally:
             self._rsd_queue.release()
+
+    def _lock_timeout(self, queue_part: str | None) -> rsd.RsdLockTimeout:
+        """The whole 5 s budget ran out; ``queue_part`` says how much went in the queue."""
+        note = f" ({queue_part})" if queue_part else ""
+        return rsd.RsdLockTimeout(
+            f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
+            f"{self._rsd_host.lock_path}{note}"
+        )
 
 
 # A queue wait shorter than this is not worth naming in a lock timeout's message.
