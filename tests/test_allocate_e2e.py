@@ -165,6 +165,24 @@ async def test_unhealthy_device_is_rejected_by_the_final_check() -> None:
         assert len(response.container_responses) == 1
 
 
+async def test_a_fault_the_final_check_finds_reaches_the_kubelet_before_any_scan() -> None:
+    async with running("rebel-4", interval="1h") as h:  # no scan within the test
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        scans = len(h.daemon.find("Reconciled device inventory"))
+        h.node.set_status("rbln3", 4)
+        assert "rbln3 is FAULT" in await rejected(h, NPU, [["rbln2", "rbln3"]])
+        view = await h.kubelet.wait_for(NPU, lambda v: v.health("rbln3") == "Unhealthy")
+        assert view.health("rbln2") == "Healthy"
+        (changed,) = await h.daemon.await_log("Device state changed")
+        assert changed["device"] == "rbln3" and changed["status"] == "FAULT"
+        assert changed["healthyCount"] == 3 and changed["unhealthyCount"] == 1
+        # A recovery the check reads is published at once as well.
+        h.node.set_status("rbln3", 0)
+        await h.kubelet.allocate(NPU, [["rbln3"]])
+        await h.kubelet.wait_for(NPU, lambda v: v.health("rbln3") == "Healthy")
+        assert len(h.daemon.find("Reconciled device inventory")) == scans
+
+
 async def test_an_id_shared_by_two_containers_is_refused_before_any_host_access(
     rebel4: Harness,
 ) -> None:
@@ -315,3 +333,40 @@ async def test_a_driver_reload_between_scans_never_hands_out_a_wrong_device() ->
         assert len(failed) == 1 and errors == [record, failed[0]], errors
         assert failed[0]["deviceIDs"] == ["rbln0", "rbln2"] and "rbln0" in failed[0]["err"]
         assert before["rbln1"] in failed[0]["err"] and "durationMs" in failed[0]
+
+
+async def test_a_driver_reload_during_group_creation_never_hands_out_the_faulted_device() -> None:
+    """The race the listing check cannot see: the reload lands after Allocate's last
+    listing, while ``group -c`` runs. The npu numbers it was given then name other PCI
+    functions, so the group (and /dev/rbln0) would be the faulted neighbour's."""
+    async with running("rebel-4", interval="1h") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        before = {d.name: d.bus_id for d in h.node.layout.devices}
+        scans = len(h.daemon.find("Reconciled device inventory"))
+        h.node.set_status("rbln1", 4)  # FAULT: the function that becomes rbln0 below
+        h.node.inject_fault(Fault("hold", commands=("group-create",), remaining=1))
+        refused = asyncio.create_task(rejected(h, NPU, [["rbln0"]]))
+        try:
+            await wait_until(lambda: bool(h.node.held()), 30, "the held group-create")
+            h.node.renumber({"rbln0": "rbln1", "rbln1": "rbln0"})
+        finally:
+            h.node.release_held()
+        message = await refused
+        assert "renumbered" in message, message
+        assert before["rbln0"] in message and before["rbln1"] in message, message
+        assert groups(h) == {}, "the group of the wrong device is destroyed again"
+        (record,) = await h.daemon.await_log(
+            "Device mapping changed since the last scan; allocation refused, rescanning"
+        )
+        assert record["device"] == "rbln0" and record["snapshotBusID"] == before["rbln0"]
+        # The record names what the group held when it was read back after creation.
+        assert record["groupBusIDs"] == [before["rbln1"]] and record["groupDestroyed"] is True
+        assert not [r for r in h.daemon.records if r["msg"] == "Completed container allocation"]
+        # The refusal asked for a scan: rbln0 is now the faulted function, and is published
+        # Unhealthy; rbln1 (the healthy one) Healthy.
+        await h.daemon.await_log("Reconciled device inventory", count=scans + 1)
+        view = await h.kubelet.wait_for(
+            NPU, lambda v: {d.ID: d.health for d in v.devices}.get("rbln0") == "Unhealthy"
+        )
+        assert {d.ID: d.health for d in view.devices}["rbln1"] == "Healthy"
+        assert "rbln0 is FAULT" in await rejected(h, NPU, [["rbln0"]])

@@ -71,16 +71,31 @@ def test_a_new_table_starts_with_empty_history() -> None:
     assert fresh.entries["rbln0"].verdict.health is Health.HEALTHY
 
 
-def test_final_check_feeds_the_history_without_publishing() -> None:
+def test_final_check_publishes_what_it_finds_and_feeds_the_history() -> None:
     table = DeviceTable()
     table.apply_scan([dev("rbln0"), dev("rbln1")], reader({"rbln0": 0, "rbln1": 0}))
-    verdicts = table.final_check(reader({"rbln0": 0, "rbln1": 4}))
+    verdicts, changes = table.final_check(reader({"rbln0": 0, "rbln1": 4}))
     assert verdicts["rbln1"].health is Health.UNHEALTHY
-    # The published set is unchanged until the next scan ...
-    assert table.entries["rbln1"].verdict.health is Health.HEALTHY
-    # ... but the history now keeps rbln1 Unhealthy when its status becomes unreadable.
+    # The fault is in the published set now, not at the next scan; rbln0 did not change.
+    assert table.entries["rbln1"].verdict.health is Health.UNHEALTHY
+    (change,) = changes
+    assert (change.kind, change.entry.device.name) == ("changed", "rbln1")
+    assert change.previous is not None and change.previous.health is Health.HEALTHY
+    assert table.kubelet_view()[1] == ("rbln1", "Unhealthy", 0)
+    # The history keeps rbln1 Unhealthy when its status becomes unreadable.
     table.apply_scan([dev("rbln0"), dev("rbln1")], reader({"rbln0": 0, "rbln1": None}))
     assert table.entries["rbln1"].verdict.health is Health.UNHEALTHY
+    # A recovery found by the check is published too.
+    _, (recovered,) = table.final_check(reader({"rbln1": 0}))
+    assert recovered.entry.healthy and table.entries["rbln1"].healthy
+
+
+def test_final_check_of_a_device_the_table_no_longer_holds_only_feeds_the_history() -> None:
+    table = DeviceTable()
+    table.apply_scan([dev("rbln0")], reader({"rbln0": 0}))
+    _, changes = table.final_check(reader({"rbln1": 4}))
+    assert changes == [] and set(table.entries) == {"rbln0"}
+    assert table.history.unresolved("rbln1") == "FAULT"
 
 
 def test_unknown_numa_is_not_reported_to_kubelet() -> None:

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ from rbln_device_plugin.host.rsd import (
     LOCK_RETRY_S,
     LOCK_TIMEOUT_S,
     GroupEntry,
+    RenumberedDuringCreate,
     RsdError,
     RsdGroup,
     RsdHost,
@@ -171,14 +173,15 @@ def test_next_group_id_is_the_smallest_unused() -> None:
 async def test_fresh_group_for_sorted_bus_ids(node: RsdNode) -> None:
     with capture_logs() as logs:
         group = await node.recreate([BUS[2], BUS[0].upper()])
-    assert group == RsdGroup(1, node.dev / "rsd1")
-    assert node.calls() == ["-g -j", "group -c 1 -a 0,2"]
+    assert group == RsdGroup(1, node.dev / "rsd1", (BUS[0], BUS[2]))
+    # The new group is read back: it holds what was asked for.
+    assert node.calls() == ["-g -j", "group -c 1 -a 0,2", "-g -j"]
     assert node.groups() == ["1", "0", "1", "0"]
     (record,) = [e for e in logs if e["event"] == "Recreated RSD group"]
     assert record["log_level"] == "debug"
     assert record["groupId"] == 1 and record["busIDs"] == [BUS[0], BUS[2]]
     assert record["hostRsdPath"] == str(node.dev / "rsd1")
-    # Two rbln-smi runs (each a Python start-up) happened inside the measured time.
+    # Three rbln-smi runs (each a Python start-up) happened inside the measured time.
     calls = smi_calls(node.calls_log)
     spent = sum((c.end or c.start) - c.start for c in calls) * 1000
     assert record["durationMs"] >= spent
@@ -261,6 +264,69 @@ async def test_garbage_listing_is_an_error(node: RsdNode) -> None:
     assert lock_is_free(node.lock)
 
 
+# --------------------------------------------------------------------- the read-back
+async def _while_group_create_is_held(node: RsdNode, change: Any) -> asyncio.Task[RsdGroup]:
+    """Start a recreation of rbln0 (BUS[0]) whose ``group -c`` waits until ``change`` ran."""
+    node.fault(Fault("hold", ("group-create",), remaining=1))
+    task = asyncio.create_task(node.recreate([BUS[0]], expected={"rbln0": BUS[0]}))
+    try:
+        await wait_until(lambda: bool(node.sim.held()), 30, "the held group-create")
+        change()
+    finally:
+        node.sim.release_held()
+    return task
+
+
+def _swap_npus(node: RsdNode) -> None:
+    """rbln-smi's npu numbers of rbln0 and rbln1 trade places; names and buses stay."""
+    with node.sim.store.transaction() as state:
+        first, second = (r for r in state.devices if r["device"] in ("rbln0", "rbln1"))
+        first["npu"], second["npu"] = second["npu"], first["npu"]
+
+
+async def test_a_group_holding_other_functions_is_destroyed_and_refused(node: RsdNode) -> None:
+    # Only the npu numbers moved: every name is still at its bus, but the group made from
+    # "npu 0" holds BUS[1]. The name check alone would hand it out.
+    task = await _while_group_create_is_held(node, lambda: _swap_npus(node))
+    with pytest.raises(RenumberedDuringCreate) as caught:
+        await task
+    exc = caught.value
+    assert (exc.device, exc.snapshot_bus_id, exc.current_bus_id) == ("rbln0", BUS[0], BUS[1])
+    assert exc.group_bus_ids == [BUS[1]] and exc.destroyed and exc.group_id == 1
+    assert "renumbered while RSD group 1 was being created" in str(exc)
+    assert "the group holds 0000:0b:00.0" in str(exc) and "destroyed again" in str(exc)
+    assert node.calls()[-2:] == ["-g -j", "group -d 1"]
+    assert node.groups() == ["0", "0", "0", "0"]
+    assert not (node.dev / "rsd1").exists()
+    assert lock_is_free(node.lock)
+
+
+async def test_a_group_that_cannot_be_destroyed_again_says_so(node: RsdNode) -> None:
+    def change() -> None:
+        _swap_npus(node)
+        node.fault(Fault("error", ("group-delete",), exit_code=3, message="busy"))
+
+    task = await _while_group_create_is_held(node, change)
+    with capture_logs() as logs, pytest.raises(RenumberedDuringCreate) as caught:
+        await task
+    assert not caught.value.destroyed
+    assert "destroying the group failed too (destroying groups 1: " in str(caught.value)
+    (record,) = [e for e in logs if e["event"] == "Cannot destroy a wrongly created RSD group"]
+    assert record["log_level"] == "error" and record["groupId"] == 1
+    assert lock_is_free(node.lock)
+
+
+async def test_a_read_back_that_fails_refuses_and_destroys_the_unknown_group(
+    node: RsdNode,
+) -> None:
+    change = partial(node.fault, Fault("error", ("list-groups",), message="no listing"))
+    task = await _while_group_create_is_held(node, change)
+    with pytest.raises(RsdError, match=r"created group 1, but reading back group 1: .*no listing"):
+        await task
+    assert node.calls()[-1] == "group -d 1"
+    assert node.groups() == ["0", "0", "0", "0"]
+
+
 async def test_hanging_command_times_out_and_releases_the_lock(node: RsdNode) -> None:
     # The fault hangs for an hour: a recreation that waited for it would hang the test.
     node.fault(Fault("hang", ("group-create",)))
@@ -297,15 +363,16 @@ async def test_concurrent_recreations_serialise_and_both_succeed(short_tmp: Path
     )
     # Each recreation's commands form one contiguous block: nothing interleaves.
     blocks: list[list[str]] = [[]]
-    for call in node.calls():
+    calls = node.calls()
+    for index, call in enumerate(calls):
         blocks[-1].append(call)
-        if call.startswith("group -c"):
+        if index and calls[index - 1].startswith("group -c"):  # the read-back ends it
             blocks.append([])
     assert blocks.pop() == []
     assert len(blocks) == 2
     for block in blocks:
-        # list, create; or list, destroy, list, create
-        assert block[0] == block[-2] == "-g -j" and len(block) in (2, 4), block
+        # list, create, read back; or list, destroy, list, create, read back
+        assert block[0] == block[-3] == block[-1] == "-g -j" and len(block) in (3, 5), block
     assert {first.group_id, second.group_id} == {1, 2}
     groups = node.groups()
     assert groups[0] == groups[1] == str(first.group_id)

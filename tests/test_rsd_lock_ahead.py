@@ -44,8 +44,8 @@ async def test_the_lock_file_opened_ahead_is_locked_then_closed(node: RsdNode) -
     assert fds_on(node.lock)
     assert node.lock.is_file()  # created (with its directories) when missing
     group = await node.recreate([BUS[1]], opened_lock=ahead)
-    assert group == RsdGroup(1, node.dev / "rsd1")
-    assert node.calls() == ["-g -j", "group -c 1 -a 1"]
+    assert group == RsdGroup(1, node.dev / "rsd1", (BUS[1],))
+    assert node.calls() == ["-g -j", "group -c 1 -a 1", "-g -j"]
     assert lock_is_free(node.lock)
     assert fds_on(node.lock) == set()
     with pytest.raises(RuntimeError, match="already taken"):

@@ -112,15 +112,16 @@ async def test_both_sequences_give_the_same_groups_ids_and_errors(
     groups_are_consistent(short)
 
 
-async def test_fresh_devices_cost_two_calls_and_grouped_ones_four(short_tmp: Path) -> None:
+async def test_fresh_devices_cost_three_calls_and_grouped_ones_five(short_tmp: Path) -> None:
     node = materialize(preset("rebel-4"), short_tmp / "node")
     calls = trace_smi(node)
     buses = [d.bus_id for d in node.layout.devices]
     assert await recreate(node, buses[:2], full=False) == "1"
-    assert [c.args for c in smi_calls(calls)] == ["-g -j", "group -c 1 -a 0,1"]
+    # The last listing reads the new group back.
+    assert [c.args for c in smi_calls(calls)] == ["-g -j", "group -c 1 -a 0,1", "-g -j"]
     assert await recreate(node, buses[1:3], full=False) == "1"
-    assert [c.args for c in smi_calls(calls)][2:] == [
-        "-g -j", "group -d 1", "-g -j", "group -c 1 -a 1,2",
+    assert [c.args for c in smi_calls(calls)][3:] == [
+        "-g -j", "group -d 1", "-g -j", "group -c 1 -a 1,2", "-g -j",
     ]  # fmt: skip
 
 

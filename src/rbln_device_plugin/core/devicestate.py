@@ -71,6 +71,13 @@ class DeviceState:
         async with self._observe_lock:
             readings = await self._read_statuses(devices)
             changes = self.table.apply_scan(devices, readings)
+        await self._publish(changes)
+        return changes
+
+    async def _publish(self, changes: Sequence[Change]) -> None:
+        """Log and count what changed; wake the view's waiters when the view changed."""
+        if self._closed:  # its devices left the metrics; nobody waits for its view
+            return
         self._metrics.devices(self.resource, self.table.entries)
         if self.announced:
             self._log_changes(changes)
@@ -80,7 +87,6 @@ class DeviceState:
             self._version += 1
             async with self._changed:
                 self._changed.notify_all()
-        return changes
 
     async def close(self) -> None:
         """Its front end stops serving it: its devices leave the metrics, the view's
@@ -116,6 +122,7 @@ class DeviceState:
 
         ``ahead`` (the front end's first host calls for this request, which only look
         and open) runs in the status reads' off-loop batch, after them: one thread hop.
+        A verdict that differs from the published one is published at once.
         """
         async with self._observe_lock:
             snapshot = {i: request.entries[i].device for i in request.distinct}
@@ -125,7 +132,9 @@ class DeviceState:
             await reads.run(self._hostio, ahead)
             readings = sysfs.statuses(names, [slot.result() for slot in slots])
             self._log_unreadable(readings)
-            verdicts = self.table.final_check(readings)
+            verdicts, changes = self.table.final_check(readings)
+        if changes:  # a fault (or a recovery) found here is published now
+            await self._publish(changes)
         unhealthy = [
             f"{device_id} is {verdict.describe()}"
             for device_id, verdict in verdicts.items()

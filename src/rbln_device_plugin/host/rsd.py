@@ -15,6 +15,11 @@ Each listing is also checked against what the daemon believes (the last scan's
 device-name to bus-ID mapping): the group is built from bus IDs, the container gets
 ``/dev/<name>``, so after a driver reload that renumbered the devices they would be two
 different devices. Any difference refuses the allocation before any group changes.
+A reload can also land after the last listing, while ``group -c`` runs: that command
+takes npu numbers, which then name other functions. So the new group is read back
+(one more ``rbln-smi -g -j``): it must hold exactly the requested bus IDs, and every
+name must still sit at its bus ID; otherwise the group is destroyed again and the
+allocation refused the same way.
 
 The lock serialises exactly the processes that take it: every allocation of every
 daemon whose ``--rsd-lock-path`` names the same file, and any ``rbln-smi`` such a daemon
@@ -26,7 +31,8 @@ wait for each other too. Other programs that change groups (an operator running
 The reference sequence lists the groups twice (before and after destroying stale
 ones). When none of the requested devices sits in a non-default group there is nothing
 to destroy, and under the lock nothing else changes the groups, so the first listing
-already is the second: one ``rbln-smi -g -j`` and one ``group -c`` suffice.
+already is the second: one ``rbln-smi -g -j`` and one ``group -c`` suffice (and the
+read-back listing after it).
 """
 
 from __future__ import annotations
@@ -82,6 +88,46 @@ class DeviceMappingChanged(RsdError):
         )
 
 
+class RenumberedDuringCreate(DeviceMappingChanged):
+    """The group read back after ``group -c`` is not the one asked for: the devices were
+    renumbered between the last listing and the creation (``group -c`` takes npu numbers,
+    which then named other PCI functions). The group was destroyed again (if it could be).
+    """
+
+    def __init__(
+        self,
+        device: str,
+        snapshot_bus_id: str,
+        current_bus_id: str | None,
+        *,
+        group_id: int,
+        group_bus_ids: Sequence[str],
+        destroy_error: RsdError | None,
+    ) -> None:
+        now = f"at bus ID {current_bus_id}" if current_bus_id else "not listed"
+        held = ", ".join(group_bus_ids) or "no device"
+        undone = (
+            "the group was destroyed again"
+            if destroy_error is None
+            else f"destroying the group failed too ({destroy_error})"
+        )
+        # Not DeviceMappingChanged's message: this one says the group was made, and undone.
+        RsdError.__init__(
+            self,
+            f"the devices were renumbered while RSD group {group_id} was being created "
+            f"(a driver reload?): read back, the group holds {held}, and {device} is {now}, "
+            f"but the last scan saw {device} at {snapshot_bus_id}; {undone} and the "
+            "allocation refused so that no container gets another device than the one "
+            "checked; a rescan is under way, retry after it",
+        )
+        self.device = device
+        self.snapshot_bus_id = snapshot_bus_id
+        self.current_bus_id = current_bus_id
+        self.group_id = group_id
+        self.group_bus_ids = list(group_bus_ids)
+        self.destroyed = destroy_error is None
+
+
 class RsdLockTimeout(RsdError):
     """The RSD lock was not free within the budget."""
 
@@ -90,6 +136,7 @@ class RsdLockTimeout(RsdError):
 class RsdGroup:
     group_id: int
     host_path: Path  # <dev root>/rsd<group_id>
+    bus_ids: tuple[str, ...]  # its members as read back after creating it (sorted)
 
 
 def check_mapping(entries: Sequence[GroupEntry], expected: Mapping[str, str]) -> None:
@@ -297,15 +344,17 @@ class GroupSteps:
             raise RsdError(f"{step}: {exc}") from exc
 
     async def listing(self) -> list[GroupEntry]:
-        timings = self._host.timings
-        text = await self._run(["-g", "-j"], timings.listing, "listing RSD groups")
-        try:  # a listing that cannot be trusted (see ``smi.parse_groups``)
-            entries = smi.parse_groups(text)
-        except (DiscoveryError, ValueError) as exc:
-            raise RsdError(str(exc)) from None
+        entries = await self._entries("listing RSD groups")
         if self._expected is not None:
             check_mapping(entries, self._expected)
         return entries
+
+    async def _entries(self, step: str) -> list[GroupEntry]:
+        text = await self._run(["-g", "-j"], self._host.timings.listing, step)
+        try:  # a listing that cannot be trusted (see ``smi.parse_groups``)
+            return smi.parse_groups(text)
+        except (DiscoveryError, ValueError) as exc:
+            raise RsdError(f"{step}: {exc}") from None
 
     async def destroy(self, groups: Sequence[str]) -> None:
         joined = ",".join(groups)
@@ -319,6 +368,7 @@ class GroupSteps:
         npus = ",".join(str(npu) for npu in npus_for(entries, bus_ids))
         args = ["group", "-c", str(group_id), "-a", npus]
         await self._run(args, timings.change, f"creating group {group_id}")
+        members = await self._read_back(group_id, bus_ids)
         host_path = host.dev_root / f"rsd{group_id}"
         try:
             await wait_for_nodes(
@@ -330,7 +380,65 @@ class GroupSteps:
             )
         except (DeviceNodeMissing, NotADeviceNode) as exc:
             raise RsdError(f"created group {group_id}, but {exc}") from exc
-        return RsdGroup(group_id, host_path)
+        return RsdGroup(group_id, host_path, members)
+
+    async def _read_back(self, group_id: int, bus_ids: Sequence[str]) -> tuple[str, ...]:
+        """Check that group ``group_id`` holds exactly ``bus_ids`` and that every expected
+        name still sits at its bus ID (its members, read back); otherwise destroy the
+        group and refuse.
+
+        The listing before ``group -c`` was checked, but the tool takes npu numbers: a
+        driver reload after that listing makes the same numbers name other functions,
+        and ``/dev/<name>`` another device than the one whose status was read.
+        """
+        step = f"reading back group {group_id}"
+        try:
+            entries = await self._entries(step)
+        except RsdError as exc:
+            await self._undo(group_id)  # what it holds is unknown: not handed out
+            raise RsdError(f"created group {group_id}, but {exc}") from exc
+        members = sorted(e.bus_id for e in entries if e.group_id == str(group_id) and e.bus_id)
+        mismatch = _mismatch(entries, members, bus_ids, self._expected or {})
+        if mismatch is None:
+            return tuple(members)
+        device, snapshot_bus_id, current_bus_id = mismatch
+        raise RenumberedDuringCreate(
+            device,
+            snapshot_bus_id,
+            current_bus_id,
+            group_id=group_id,
+            group_bus_ids=members,
+            destroy_error=await self._undo(group_id),
+        )
+
+    async def _undo(self, group_id: int) -> RsdError | None:
+        """Destroy a group this call created and must not hand out; the failure, if any."""
+        try:
+            await self.destroy([str(group_id)])
+        except RsdError as exc:
+            log.error("Cannot destroy a wrongly created RSD group", groupId=group_id, err=exc)
+            return exc
+        return None
+
+
+def _mismatch(
+    entries: Sequence[GroupEntry],
+    members: Sequence[str],
+    bus_ids: Sequence[str],
+    expected: Mapping[str, str],
+) -> tuple[str, str, str | None] | None:
+    """(device, bus ID the scan saw, bus ID now) of the first difference between the group
+    read back and what was asked for; None when it is exactly that."""
+    try:
+        check_mapping(entries, expected)
+    except DeviceMappingChanged as exc:
+        return exc.device, exc.snapshot_bus_id, exc.current_bus_id
+    if list(members) == sorted(bus_ids):
+        return None
+    name_of = {bus_id: name for name, bus_id in expected.items()}
+    missing = sorted(set(bus_ids) - set(members)) or sorted(bus_ids)
+    shown = name_of.get(missing[0], missing[0])
+    return shown, missing[0], ", ".join(sorted(set(members) - set(bus_ids))) or None
 
 
 def _wanted(bus_ids: Sequence[str], opened_lock: LockFileAhead | None) -> list[str]:
@@ -379,7 +487,7 @@ async def recreate_rsd_group(
         group = await steps.create(entries, wanted)
     fields: dict[str, Any] = {
         "groupId": group.group_id,
-        "busIDs": wanted,
+        "busIDs": list(group.bus_ids),  # as read back: what the container gets
         "hostRsdPath": str(group.host_path),
         "destroyedGroups": stale,
         "durationMs": round((time.monotonic() - started) * 1000, 1),

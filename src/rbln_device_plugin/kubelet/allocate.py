@@ -288,10 +288,17 @@ class Allocator:
     ) -> AllocationError:
         """The container's failure, logged: the error that ends the whole call."""
         if isinstance(exc, rsd.DeviceMappingChanged):
+            created: dict[str, Any] = {}
+            if isinstance(exc, rsd.RenumberedDuringCreate):  # what the read-back found
+                created = {
+                    "groupId": exc.group_id,
+                    "groupBusIDs": exc.group_bus_ids,
+                    "groupDestroyed": exc.destroyed,
+                }
             log.error(
                 "Device mapping changed since the last scan; allocation refused, rescanning",
                 **fields, device=exc.device, snapshotBusID=exc.snapshot_bus_id,
-                currentBusID=exc.current_bus_id, durationMs=_ms(started),
+                currentBusID=exc.current_bus_id, **created, durationMs=_ms(started),
             )  # fmt: skip
         # Also after the record above: the failure record every failed allocation logs,
         # so an alert keyed on it sees a renumbering's refusal too.

@@ -86,15 +86,26 @@ class DeviceTable:
         self._entries = fresh
         return changes
 
-    def final_check(self, readings: Readings) -> dict[str, Verdict]:
+    def final_check(self, readings: Readings) -> tuple[dict[str, Verdict], list[Change]]:
         """Allocate's status check: one reading per distinct device, recorded in the history.
 
-        The published set is left as it is; the next scan publishes the outcome.
+        A verdict that differs from the published one replaces it at once (a fault found
+        here reaches the kubelet now, not at the next scan): returns the verdicts and
+        those changes. A device the table no longer holds only feeds the history.
         """
-        return {
-            device_id: self.history.observe(device_id, reading)
-            for device_id, reading in readings.items()
-        }
+        verdicts: dict[str, Verdict] = {}
+        changes: list[Change] = []
+        for device_id, reading in readings.items():
+            verdict = verdicts[device_id] = self.history.observe(device_id, reading)
+            old = self._entries.get(device_id)
+            if old is None or (old.verdict.health, old.verdict.status) == (
+                verdict.health,
+                verdict.status,
+            ):
+                continue
+            entry = self._entries[device_id] = Entry(old.device, verdict)
+            changes.append(Change("changed", entry, old.verdict))
+        return verdicts, changes
 
     def counts(self) -> Counts:
         healthy = sum(1 for entry in self._entries.values() if entry.healthy)
