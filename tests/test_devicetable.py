@@ -102,3 +102,22 @@ def test_unknown_numa_is_not_reported_to_kubelet() -> None:
     table = DeviceTable()
     table.apply_scan([dev("rbln0", numa=None)], reader({"rbln0": 0}))
     assert table.kubelet_view() == (("rbln0", "Healthy", None),)
+
+
+def test_the_same_scan_again_changes_nothing_but_not_after_a_final_check() -> None:
+    table = DeviceTable()
+    devices = [dev("rbln0"), dev("rbln1")]
+    table.apply_scan(devices, reader({"rbln0": 0, "rbln1": 0}))
+    entries = table.entries
+    # An idle node: the same devices and readings leave the table as it is.
+    assert table.apply_scan(list(devices), reader({"rbln0": 0, "rbln1": 0})) == []
+    assert table.entries is entries
+    # The final check reads a fault and publishes it; the next scan reads READY again,
+    # the same readings as the scan before the check, and must publish the recovery.
+    table.final_check(reader({"rbln1": 4}))
+    assert not table.entries["rbln1"].healthy
+    (recovered,) = table.apply_scan(devices, reader({"rbln0": 0, "rbln1": 0}))
+    assert recovered.entry.healthy and table.entries["rbln1"].healthy
+    # A changed reading is never skipped.
+    (faulted,) = table.apply_scan(devices, reader({"rbln0": 4, "rbln1": 0}))
+    assert faulted.entry.device.name == "rbln0" and not faulted.entry.healthy

@@ -12,7 +12,7 @@ off-loop batch), then an immutable snapshot the front end prepares containers fr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from rbln_device_plugin.core.requests import (
     validate_request,
 )
 from rbln_device_plugin.host import sysfs
-from rbln_device_plugin.host.hostio import HostBatch, HostIO
+from rbln_device_plugin.host.hostio import Call, HostBatch, HostIO
 from rbln_device_plugin.model.devicetable import Change, DeviceTable, Entry, KubeletDevice
 from rbln_device_plugin.model.health import Health, HealthHistory, StatusReading
 from rbln_device_plugin.model.inventory import Device
@@ -56,6 +56,7 @@ class DeviceState:
         self._changed = asyncio.Condition()
         self._closed = False
         self.announced = False
+        self._status_calls: tuple[tuple[str, ...], list[Call[StatusReading]]] = ((), [])
 
     @property
     def entries(self) -> Mapping[str, Entry]:
@@ -70,8 +71,10 @@ class DeviceState:
         plugin's ListAndWatch streams) when what the kubelet sees changed."""
         async with self._observe_lock:
             readings = await self._read_statuses(devices)
+            before = self.table.entries
             changes = self.table.apply_scan(devices, readings)
-        await self._publish(changes)
+        if changes or self.table.entries is not before:
+            await self._publish(changes)
         return changes
 
     async def _publish(self, changes: Sequence[Change]) -> None:
@@ -147,10 +150,13 @@ class DeviceState:
             )
         return snapshot
 
-    async def _read_statuses(self, devices: Iterable[Device]) -> dict[str, StatusReading]:
+    async def _read_statuses(self, devices: Sequence[Device]) -> dict[str, StatusReading]:
         """One off-loop batch of status reads; a read that hangs counts as unreadable."""
-        names = (d.name for d in devices)
-        readings = await sysfs.read_statuses(self._hostio, self._sysfs_root, names)
+        names = tuple(d.name for d in devices)
+        if names != self._status_calls[0]:  # the calls are kept while the devices stay
+            self._status_calls = (names, sysfs.status_calls(self._sysfs_root, names))
+        results = await self._hostio.map(self._status_calls[1])
+        readings = sysfs.statuses(names, results)
         self._log_unreadable(readings)
         return readings
 

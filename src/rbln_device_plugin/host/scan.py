@@ -175,6 +175,9 @@ class Scanner:
 
     async def inventory(self, text: str) -> Inventory:
         """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""
+        last = self._last_inventory
+        if text == self._last_output and last is not None and self._facts_cached():
+            return last  # the same listing, every fact of it known: the same inventory
         if text != self._last_output:
             records, parse_problems = parse_inventory(text)  # DiscoveryError: cache untouched
             self._last_output = text
@@ -189,6 +192,13 @@ class Scanner:
         inventory = Inventory(classified.resources, (*self._parse_problems, *classified.problems))
         self._last_inventory = inventory
         return inventory
+
+    def _facts_cached(self) -> bool:
+        """Every kept record's facts are in the cache, and none was unseen (read again)."""
+        cache = self.facts
+        return not self._unseen and all(
+            r.bus_id in cache.sriov and r.bus_id in cache.pci_paths for r in self._screening.kept
+        )
 
     async def _facts(self, records: Sequence[SmiRecord]) -> tuple[dict[str, DeviceFacts], bool]:
         """Facts for every record, reading only what the cache lacks; True if anything was."""

@@ -59,6 +59,10 @@ class DeviceTable:
     def __init__(self, history: HealthHistory | None = None) -> None:
         self.history = history if history is not None else HealthHistory()
         self._entries: dict[str, Entry] = {}
+        # The last scan's devices and readings, while nothing else observed since: the
+        # same scan again changes nothing (the history's verdict for a repeated reading
+        # is the one it gave), so an idle node's scan skips rebuilding the table.
+        self._last_scan: tuple[Sequence[Device], Readings] | None = None
 
     @property
     def entries(self) -> Mapping[str, Entry]:
@@ -66,6 +70,9 @@ class DeviceTable:
 
     def apply_scan(self, devices: Sequence[Device], readings: Readings) -> list[Change]:
         """Feed each device's status reading to the history, replace the set; return changes."""
+        last = self._last_scan
+        if last is not None and readings == last[1] and (devices is last[0] or devices == last[0]):
+            return []
         fresh = {
             device.name: Entry(device, self.history.observe(device.name, readings[device.name]))
             for device in devices
@@ -84,6 +91,7 @@ class DeviceTable:
             Change("disappeared", old) for name, old in self._entries.items() if name not in fresh
         )
         self._entries = fresh
+        self._last_scan = (devices, readings)
         return changes
 
     def final_check(self, readings: Readings) -> tuple[dict[str, Verdict], list[Change]]:
@@ -95,6 +103,7 @@ class DeviceTable:
         """
         verdicts: dict[str, Verdict] = {}
         changes: list[Change] = []
+        self._last_scan = None  # the history may now answer the same reading otherwise
         for device_id, reading in readings.items():
             verdict = verdicts[device_id] = self.history.observe(device_id, reading)
             old = self._entries.get(device_id)
