@@ -69,9 +69,11 @@ class RescanWanted:
 @dataclass(frozen=True, slots=True)
 class RestartDue:
     """The scan loop asks whether a kubelet restart waits to be acted on (the session
-    looks at kubelet.sock first); ``done`` gets the answer."""
+    looks at kubelet.sock first, unless ``look`` is false and the watch runs on inotify);
+    ``done`` gets the answer."""
 
     done: asyncio.Future[bool] = field(compare=False)
+    look: bool = True
 
 
 @dataclass(frozen=True, slots=True)

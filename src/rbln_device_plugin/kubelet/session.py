@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Final, TypeVar
 
@@ -99,9 +99,13 @@ class KubeletSession:
         self._grace_timers: set[asyncio.TimerHandle] = set()
 
     # ----------------------------------------------------------------- the scan loop's
-    async def restart_due(self) -> bool:
-        """Whether a kubelet restart waits to be acted on (kubelet.sock looked at first)."""
-        event = RestartDue(asyncio.get_running_loop().create_future())
+    async def restart_due(self, *, look: bool = True) -> bool:
+        """Whether a kubelet restart waits to be acted on (kubelet.sock looked at first).
+
+        ``look=False``: no look of its own while the watch runs on inotify, which sees a
+        new socket by itself (a scan's second question, right after rbln-smi ran).
+        """
+        event = RestartDue(asyncio.get_running_loop().create_future(), look)
         self.events.put_nowait(event)
         return await event.done
 
@@ -152,8 +156,11 @@ class KubeletSession:
     async def _dispatch(self, event: SessionEvent) -> None:
         self._note_restarts()
         match event:
-            case RestartDue(done=due):
-                await self._check_kubelet_socket()  # a cheap stat per scan backs up the watch
+            case RestartDue(done=due, look=look):
+                if look or self.watch.mode != "inotify":  # a stat per scan backs up the watch
+                    await self._check_kubelet_socket()
+                else:
+                    self._note_restarts()
                 _answer(due, self.kubelet is Kubelet.RESTARTED)
             case RestartNow(done=done):
                 await self._restart()
@@ -202,8 +209,9 @@ class KubeletSession:
             self.kubelet = Kubelet.SERVING  # serving again on the same socket: register
         for resource in await self._plugins.stop_absent(offered):
             self._registration_failures.pop(resource, None)
-        # New plugin sockets go into the kubelet's directory, which only the kubelet makes.
-        can_start = await self._kubelet_dir.present() if offered else True
+        # New plugin sockets go into the kubelet's directory, which only the kubelet makes:
+        # looked at once a plugin is to start (an idle scan starts none, and looks not).
+        can_start = _Once(self._kubelet_dir.present)
         for resource in sorted(offered):
             try:
                 await self._sync_plugin(resource, offered[resource], can_start)
@@ -213,7 +221,9 @@ class KubeletSession:
                     resourceName=resource, err=exc, exc_info=True,
                 )  # fmt: skip
 
-    async def _sync_plugin(self, resource: str, devices: Sequence[Device], can_start: bool) -> None:
+    async def _sync_plugin(
+        self, resource: str, devices: Sequence[Device], can_start: _Once
+    ) -> None:
         plugin = self._plugins.get(resource)
         if plugin is not None and not await plugin.socket_intact():
             # With the kubelet down this is its successor cleaning the directory.
@@ -225,7 +235,7 @@ class KubeletSession:
             await self._plugins.stop(resource)
             plugin = None
         if plugin is None:
-            if not can_start:
+            if not await can_start():
                 return
             plugin = await self._plugins.start(resource)
             if plugin is None:
@@ -319,3 +329,19 @@ class KubeletSession:
             timer.cancel()
         self._grace_timers.clear()
         await self._plugins.stop_all()
+
+
+class _Once:
+    """A look taken at most once, on first need; its answer kept."""
+
+    __slots__ = ("_answer", "_look")
+
+    def __init__(self, look: Callable[[], Awaitable[bool]]) -> None:
+        self._look: Callable[[], Awaitable[bool]] | None = look
+        self._answer = False
+
+    async def __call__(self) -> bool:
+        if self._look is not None:
+            look, self._look = self._look, None
+            self._answer = await look()
+        return self._answer

@@ -130,15 +130,16 @@ class Manager:
         self.scans += 1
         discovery = await self.devices.discover()
         # The kubelet may have restarted while rbln-smi ran: restart first, register once.
-        await self._settle_kubelet_restart()
+        # The scan's first question looked at kubelet.sock; the watch saw it since.
+        await self._settle_kubelet_restart(look=False)
         await self.session.reconcile(discovery.offered)
         self._record(discovery, started)
 
-    async def _settle_kubelet_restart(self) -> None:
+    async def _settle_kubelet_restart(self, *, look: bool = True) -> None:
         """A kubelet restart seen since: the runtime's part first (the hook: the instance
         lock's check, as kubelets before 1.33 delete its legacy file), then the session
         stops every plugin before anything registers again."""
-        if await self.session.restart_due():
+        if await self.session.restart_due(look=look):
             await self._hooks.kubelet_restart()
             await self.session.restart()
 
