@@ -153,7 +153,7 @@ async def measure(scans: int) -> list[Row]:
     rest = spent["whole scan"] - sum(spent.get(label, 0.0) for label in parts)
     rows = [
         floor_row(
-            "idle scan",
+            "idle",
             f"{label} (per scan)",
             spent.get(label, 0.0) / done * 1e6,
             "us",
@@ -163,9 +163,9 @@ async def measure(scans: int) -> list[Row]:
         )
         for label in parts
     ]
-    rows.append(floor_row("idle scan", "rest of the scan loop (per scan)",
+    rows.append(floor_row("idle", "rest of the scan loop (per scan)",
                           rest / done * 1e6, "us", floor * 1e6, ratio_digits=1))  # fmt: skip
-    rows.append(floor_row("idle scan", f"whole idle scan, 64 devices (mean of {done})",
+    rows.append(floor_row("idle", f"whole idle scan, 64 devices (mean of {done})",
                           spent["whole scan"] / done * 1e6, "us", floor * 1e6,
                           ratio_digits=1))  # fmt: skip
     return rows

@@ -17,7 +17,7 @@ from typing import NoReturn
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-AREAS = {"scan", "preferred", "daemon", "lean", "fast", "metrics", "load"}
+AREAS = {"scan", "preferred", "daemon", "lean", "idle", "fast", "metrics", "load"}
 
 
 @pytest.mark.slow  # the quick run of every benchmark takes minutes
@@ -48,9 +48,25 @@ def test_the_allocate_breakdown_runs_and_reports_every_step() -> None:
     assert "thread hops 2" in done.stdout, done.stdout
 
 
+@pytest.mark.timeout(300)
+def test_the_idle_scan_breakdown_sees_every_part_run() -> None:
+    # It wraps daemon methods by name: a part renamed or no longer on the idle scan's
+    # path reports no calls, and must fail here rather than print zeros.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_idle_parts", "--quick"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [ast.literal_eval(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    parts = {r["metric"]: r["note"] for r in rows if "calls per scan" in r["note"]}
+    assert len(parts) == 7, done.stdout
+    idle = {metric: note for metric, note in parts.items() if "; 0.00 calls per scan" in note}
+    assert not idle, idle
+
+
 BENCH_MODULES = [
     "bench", "bench.allocate_steps", "bench.bench_daemon", "bench.bench_fast",
-    "bench.bench_http", "bench.bench_lean", "bench.bench_load", "bench.bench_metrics",
+    "bench.bench_http", "bench.bench_idle_parts", "bench.bench_lean", "bench.bench_load", "bench.bench_metrics",
     "bench.bench_preferred", "bench.bench_scan", "bench.bench_topology", "bench.bench_tweaks",
 ]  # fmt: skip
 
