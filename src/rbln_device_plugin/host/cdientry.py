@@ -114,7 +114,8 @@ def _not_a_file(path: str, mode: int) -> SpecFile:
 
 def probe(fd: int, directory: str, name: str, trusted_before_ns: int) -> SpecFile | ToRead | None:
     """What a spec-named entry is, from ``lstat`` and ``readlink`` alone; None when it is
-    gone since the listing. A signature with a change time at or after
+    gone since the listing, or a directory now (its directory's times moved: the next
+    check lists it again). A signature with a change time at or after
     ``trusted_before_ns`` is racy."""
     path = os.path.join(directory, name)
     hops: list[Hop] = []
@@ -141,6 +142,8 @@ def probe(fd: int, directory: str, name: str, trusted_before_ns: int) -> SpecFil
                     )  # fmt: skip
                 racy = any(h[5] >= trusted_before_ns for h in hops)
                 return ToRead(directory, name, path, current, tuple(hops), racy)
+            if stat.S_ISDIR(info.st_mode) and len(hops) == 1:
+                return None  # made a directory since the listing: skipped, as listed again
             if not stat.S_ISLNK(info.st_mode):
                 return _not_a_file(path, info.st_mode)
             target = os.readlink(current, dir_fd=fd)
