@@ -26,6 +26,7 @@ MISSING = (
 )
 FOUND = "CDI spec found for the NPU CDI device"
 UNKNOWN = "Cannot tell whether a CDI spec defines the NPU CDI device"
+HANG = "A FIFO in a CDI spec directory would hang the container runtimes' CDI library; remove it"
 METRICS = ["--metrics-port", "0"]
 
 
@@ -136,19 +137,27 @@ async def test_hostile_spec_files_are_reported_and_change_no_answer() -> None:
         expected = answer(await clean.kubelet.allocate(NPU, [["rbln1"]]))
     async with running("rebel-4", extra_args=METRICS, prepare=hostile_node) as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        (said,) = await h.daemon.await_log(UNKNOWN)  # the 10 MB files were not checked
+        # The 10 MB files were not checked; the FIFOs were not opened: the runtimes' read
+        # would block on them for good.
+        (said,) = await h.daemon.await_log(UNKNOWN)
+        fifos = [str(d / "fifo.yaml") for d in (h.node.cdi_static_dir, h.node.cdi_root)]
         assert set(said["notChecked"]) == {
             str(h.node.cdi_static_dir / "huge.yaml"),
             str(h.node.cdi_root / "huge.yaml"),
+            *fifos,
         }
+        assert "blocks opening it for good" in said["notChecked"][fifos[0]]
+        (hang,) = await h.daemon.await_log(HANG)
+        assert hang["level"] == "warn" and hang["files"] == fifos
         unusable = set(said["unusable"])
         for directory in (h.node.cdi_static_dir, h.node.cdi_root):
-            for name in ("empty.yaml", "garbage.json", "slash.yaml", "loop-a.yaml", "fifo.yaml"):
+            for name in ("empty.yaml", "garbage.json", "slash.yaml", "loop-a.yaml"):
                 assert str(directory / name) in unusable
         assert answer(await h.kubelet.allocate(NPU, [["rbln1"]])) == expected
-        # Without the unreadable giants, the verdict is plain: missing.
+        # Without the unreadable giants and the FIFOs, the verdict is plain: missing.
         for directory in (h.node.cdi_static_dir, h.node.cdi_root):
             (directory / "huge.yaml").unlink()
+            (directory / "fifo.yaml").unlink()
         (warn,) = await h.daemon.await_log(MISSING)
         assert "slash.yaml" in " ".join(warn["unusable"])
         # The toolkit's spec next to the junk: found.

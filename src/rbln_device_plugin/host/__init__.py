@@ -4,6 +4,7 @@
 ``smi`` (find and run ``rbln-smi``, the one parser of its JSON), ``rsd`` (RSD groups
 under the node-wide lock), ``devnodes`` (waiting for /dev nodes), ``scan`` (one
 inventory pass: rbln-smi, sysfs facts, ``model.inventory``), ``hostio`` (the thread
-runner that bounds every blocking call), ``cdidirs`` (the CDI spec directories, read
-without trusting them), ``inotify`` and ``paths`` (file modes and identities).
+runner that bounds every blocking call), ``cdidirs`` (the CDI spec directories, looked
+at again only where they changed) and ``cdientry`` (one entry of them, its type known
+before anything opens it), ``inotify`` and ``paths`` (file modes and identities).
 """

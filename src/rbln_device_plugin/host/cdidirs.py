@@ -1,59 +1,73 @@
-"""Reading the CDI spec directories the container runtimes read, carefully.
+"""The CDI spec directories the container runtimes read: what each defines, cheaply.
 
-The directories belong to the host (the RBLN container toolkit and other vendors write
-them), so nothing in them is trusted: every file is opened relative to the directory with
-``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat`` (a FIFO never blocks the read, a
-device node is never read), at most ``MAX_SPEC_BYTES`` is read, and a symlink is followed
-only to a sibling in the same directory (what a toolkit does for a versioned file; a
-link elsewhere is not read, and a loop ends after ``MAX_LINK_HOPS``). The configured
-directory itself may be a symlink (``/var/run`` usually is).
+What an idle check costs (``docs/cdi.md``): per directory one open and ``fstat`` of the
+directory, and one ``lstat`` per spec-named entry (``*.json``, ``*.yaml``; at most
+``MAX_SPEC_FILES``) and per symlink hop (``host.cdientry``, which never opens an entry
+before its type is known). The directory is listed again only when its own signature
+(device, inode, modification and change times) changed, so thousands of unrelated files
+cost nothing; a file is read again only when its signature (device, inode, type, size,
+modification and change times, of the entry and each hop) changed: an in-place rewrite
+that keeps size and modification time (``cp -p``, ``rsync -t``) still moves the change
+time. A signature taken within ``RACY_NS`` of a change is not trusted (a second change in
+the same clock tick would leave it equal): that listing or file is read again at the
+next check.
 
-Every function here blocks: the daemon runs them through ``HostIO``, one call per
-directory, with its bound. A directory is re-read only when its listing changed (names,
-inodes, sizes, modification times), so the check on each scan costs one listing.
+The reading is host access, the decoding CPU work, and they are bounded apart:
+``read_spec_dirs`` runs each directory's survey and each changed file's read through
+``HostIO`` (its 1 s bound per access, its record when a mount hangs), and decodes the
+files on a thread of their own, waiting ``PARSE_BUDGET_S`` at most for one file and, all
+files together, for one check. A file whose decoding outlasts it is "not checked", said
+as the check's CPU work, never as host access, until that decoding ends and what it
+found is remembered; a file not decoded for want of time waits for the next check.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import errno
 import os
-import stat
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Final
 
+from rbln_device_plugin import aiotasks
+from rbln_device_plugin.host import cdientry
+from rbln_device_plugin.host.cdientry import Hop, ToRead
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
-from rbln_device_plugin.model.cdispec import (
-    FileState,
-    SpecDir,
-    SpecError,
-    SpecFile,
-    is_spec_file_name,
-    parse_spec,
-)
+from rbln_device_plugin.model.cdispec import FileState, SpecDir, SpecError, SpecFile, parse_spec
+from rbln_device_plugin.telemetry.logs import get_logger
+from rbln_device_plugin.waits import call_soon_threadsafe, set_result_threadsafe
 
-MAX_SPEC_BYTES: Final = 1 << 20  # real specs are a few KiB; NVIDIA's largest ~100 KiB
 MAX_SPEC_FILES: Final = 128  # per directory, checked in name order
-MAX_LINK_HOPS: Final = 8
-_OPEN_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+# A signature whose change time is this close to the look is not trusted (see above).
+# Local file systems stamp with a clock tick of at most 10 ms; 1 s leaves room.
+RACY_NS: Final = 1_000_000_000
+PARSE_BUDGET_S: Final = 1.0  # waited for one file's decoding, and for all of one check's
 
-# What a listing looked like: (name, st_mode, st_ino, st_size, st_mtime_ns) per entry.
-Signature = tuple[tuple[str, int, int, int, int], ...]
+# A directory's own: (st_dev, st_ino, st_mtime_ns, st_ctime_ns).
+DirSignature = tuple[int, int, int, int]
+
+log = get_logger()
 
 
-def _describe(exc: OSError) -> str:
-    return f"{exc.strerror or exc} (errno {exc.errno})" if exc.errno else str(exc)
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """One directory as looked at: each candidate settled (``SpecFile``) or to read."""
+
+    path: str
+    entries: tuple[SpecFile | ToRead, ...]
+    truncated: int
 
 
-@contextlib.contextmanager
-def _opened_dir(path: str) -> Iterator[int]:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
+@dataclass(slots=True)
+class _Memo:
+    listed: DirSignature | None  # None: the listing is racy, list again
+    names: tuple[str, ...]  # spec-named entries that are not directories, in name order
+    files: dict[str, tuple[tuple[Hop, ...], SpecFile]] = field(default_factory=dict)
+    last: SpecDir | None = None
 
 
 def _dir_error(path: str, exc: OSError) -> SpecDir:
@@ -62,131 +76,197 @@ def _dir_error(path: str, exc: OSError) -> SpecDir:
     elif exc.errno == errno.ENOTDIR:
         why = "is not a directory"
     else:
-        why = f"cannot be listed: {_describe(exc)}"
+        why = f"cannot be listed: {cdientry.describe(exc)}"
     return SpecDir(path, error=why)
 
 
-def _listing(fd: int) -> Signature:
-    entries = []
-    with os.scandir(fd) as it:
-        for entry in it:  # every entry: a symlink's sibling target may change alone
-            info = entry.stat(follow_symlinks=False)
-            entries.append((entry.name, info.st_mode, info.st_ino, info.st_size, info.st_mtime_ns))
-    return tuple(sorted(entries))
-
-
-def _target_name(fd: int, name: str) -> str | SpecFile:
-    """The sibling a symlink chain ends at, or why it is not followed."""
-    current = name
-    for _ in range(MAX_LINK_HOPS):
-        try:
-            info = os.stat(current, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return SpecFile("", FileState.MALFORMED, reason=f"dangling symlink (to {current!r})")
-        if not stat.S_ISLNK(info.st_mode):
-            return current
-        target = os.readlink(current, dir_fd=fd)
-        normal = os.path.normpath(target)
-        if "/" in normal or normal in (".", ".."):
-            return SpecFile(
-                "", FileState.UNCHECKED,
-                reason=f"symlink to {target[:200]!r} leaves the directory; not followed",
-            )  # fmt: skip
-        current = normal
-    # The runtimes' read fails with ELOOP as well: the file is unusable, not unknown.
-    return SpecFile("", FileState.MALFORMED, reason=f"symlink loop (more than {MAX_LINK_HOPS})")
-
-
-def _read_file(fd: int, name: str, path: str) -> SpecFile:
-    target = _target_name(fd, name)
-    if isinstance(target, SpecFile):
-        return SpecFile(path, target.state, reason=target.reason)
+def _decode(path: str, data: bytes) -> SpecFile:
     try:
-        file_fd = os.open(target, _OPEN_FLAGS, dir_fd=fd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # replaced by a symlink since the look above
-            return SpecFile(path, FileState.UNCHECKED, reason="became a symlink while read")
-        if exc.errno == errno.EISDIR:
-            return SpecFile(path, FileState.MALFORMED, reason="a directory, not a file")
-        return SpecFile(path, FileState.UNCHECKED, reason=f"cannot open: {_describe(exc)}")
-    try:
-        info = os.fstat(file_fd)
-        if stat.S_ISDIR(info.st_mode):
-            return SpecFile(path, FileState.MALFORMED, reason="a directory, not a file")
-        if not stat.S_ISREG(info.st_mode):
-            # A runtime reading a FIFO waits for a writer: unusable, and worth saying.
-            kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "not a regular file"
-            return SpecFile(path, FileState.MALFORMED, reason=f"{kind}; not read")
-        if info.st_size > MAX_SPEC_BYTES:
-            return SpecFile(
-                path, FileState.UNCHECKED,
-                reason=f"{info.st_size} bytes, larger than the {MAX_SPEC_BYTES} checked",
-            )  # fmt: skip
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_SPEC_BYTES:
-            chunk = os.read(file_fd, MAX_SPEC_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        return SpecFile(path, FileState.UNCHECKED, reason=f"cannot read: {_describe(exc)}")
-    finally:
-        os.close(file_fd)
-    if size > MAX_SPEC_BYTES:
-        return SpecFile(path, FileState.UNCHECKED, reason=f"grew past {MAX_SPEC_BYTES} bytes")
-    try:
-        spec = parse_spec(b"".join(chunks))
+        spec = parse_spec(data)
     except SpecError as exc:
         return SpecFile(path, FileState.MALFORMED, reason=str(exc))
     return SpecFile(path, FileState.USABLE, spec=spec)
 
 
-async def read_spec_dirs(io: HostIO, reader: SpecDirReader, paths: Sequence[str]) -> list[SpecDir]:
-    """Every directory through ``io`` (one bounded call each); a stalled one is not visible."""
-    results = await io.map([Call(path, partial(reader.read, path)) for path in paths])
-    return [
-        SpecDir(path, error=f"not listed: {result}") if isinstance(result, Stalled) else result
-        for path, result in zip(paths, results, strict=True)
-    ]
-
-
 class SpecDirReader:
-    """Reads spec directories, re-reading one only when its listing changed.
+    """Reads spec directories, remembering what each listing and file said.
 
-    One instance per daemon; each directory is read by at most one thread at a time
-    (``HostIO`` never starts a second call on a key that is still running).
+    One instance per daemon (``inspect`` makes its own). Each directory is surveyed by at
+    most one thread at a time (``HostIO`` never starts a second call on a key that is
+    still running); the memo is shared with the decoding thread under a lock.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: dict[str, tuple[Signature, SpecDir]] = {}
+        self._memo: dict[str, _Memo] = {}
+        self._decoding: str | None = None  # a file whose decoding outlasted its check
 
-    def read(self, path: str) -> SpecDir:
+    # ---------------------------------------------------------------- host access
+    def survey(self, path: str) -> Survey | SpecDir:
+        """The directory's candidates, each settled from memory or its type, or to read."""
+        trusted_before = time.time_ns() - RACY_NS
         try:
-            with _opened_dir(path) as fd:
-                listing = _listing(fd)
+            with cdientry.opened_dir(path) as fd:
+                info = os.fstat(fd)
+                signature = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
                 with self._lock:
-                    cached = self._last.get(path)
-                if cached is not None and cached[0] == listing:
-                    return cached[1]
-                result = self._read_all(fd, path, listing)
+                    memo = self._memo.get(path)
+                if memo is None or memo.listed != signature:
+                    names = cdientry.spec_names(fd)
+                    listed = None if info.st_ctime_ns >= trusted_before else signature
+                    with self._lock:
+                        kept = {} if memo is None else memo.files
+                        memo = _Memo(
+                            listed, names, {n: kept[n] for n in names if n in kept},
+                            None if memo is None else memo.last,
+                        )  # fmt: skip
+                        self._memo[path] = memo
+                entries: list[SpecFile | ToRead] = []
+                for name in memo.names[:MAX_SPEC_FILES]:
+                    item = cdientry.probe(fd, path, name, trusted_before)
+                    if isinstance(item, ToRead):
+                        with self._lock:
+                            known = memo.files.get(name)
+                        if known is not None and known[0] == item.signature:
+                            entries.append(known[1])
+                            continue
+                    if item is not None:
+                        entries.append(item)
         except OSError as exc:
             with self._lock:
-                self._last.pop(path, None)
+                self._memo.pop(path, None)
             return _dir_error(path, exc)
+        return Survey(path, tuple(entries), max(0, len(memo.names) - MAX_SPEC_FILES))
+
+    # ---------------------------------------------------------------- memory
+    def remember(self, item: ToRead, spec_file: SpecFile, stable: bool) -> None:
+        if not stable or item.racy:
+            return
         with self._lock:
-            self._last[path] = (listing, result)
+            memo = self._memo.get(item.directory)
+            if memo is not None:
+                memo.files[item.name] = (item.signature, spec_file)
+
+    def finish(self, survey: Survey, files: Sequence[SpecFile]) -> SpecDir:
+        """The directory's answer; the same object as last time when nothing changed."""
+        result = SpecDir(survey.path, tuple(files), truncated=survey.truncated)
+        with self._lock:
+            memo = self._memo.get(survey.path)
+            if memo is None:
+                return result
+            if memo.last is not None and memo.last == result:
+                return memo.last
+            memo.last = result
         return result
 
-    @staticmethod
-    def _read_all(fd: int, path: str, listing: Signature) -> SpecDir:
+    # ---------------------------------------------------------------- one thread, no bound
+    def read(self, path: str) -> SpecDir:
+        """Survey, read and decode one directory on this thread (tests, benchmarks)."""
+        survey = self.survey(path)
+        if isinstance(survey, SpecDir):
+            return survey
         files: list[SpecFile] = []
-        candidates = [  # subdirectories are skipped, as the runtimes do
-            entry for entry in listing
-            if is_spec_file_name(entry[0]) and not stat.S_ISDIR(entry[1])
-        ]  # fmt: skip
-        for name, *_ in candidates[:MAX_SPEC_FILES]:
-            files.append(_read_file(fd, name, os.path.join(path, name)))
-        return SpecDir(path, tuple(files), truncated=max(0, len(candidates) - MAX_SPEC_FILES))
+        for item in survey.entries:
+            if isinstance(item, SpecFile):
+                files.append(item)
+                continue
+            loaded = cdientry.load(item)
+            done = (
+                loaded.data
+                if isinstance(loaded.data, SpecFile)
+                else _decode(item.path, loaded.data)
+            )
+            self.remember(item, done, loaded.stable)
+            files.append(done)
+        return self.finish(survey, files)
+
+    # ---------------------------------------------------------------- CPU work, bounded
+    async def decode(self, item: ToRead, data: bytes, stable: bool) -> SpecFile:
+        """Decode ``data`` on a thread of its own, waiting at most ``PARSE_BUDGET_S``; a
+        decoding that outlasts it goes on, and what it finds is remembered then."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[SpecFile] = loop.create_future()
+        with self._lock:
+            self._decoding = item.path
+
+        def work() -> None:
+            try:
+                result = _decode(item.path, data)
+                self.remember(item, result, stable)
+            except BaseException as exc:  # a bug: raised in the check that waits, if any
+                call_soon_threadsafe(loop, _fail, done, exc)
+                return
+            finally:
+                with self._lock:
+                    self._decoding = None
+            set_result_threadsafe(loop, done, result)
+
+        threading.Thread(target=work, name="cdi-decode", daemon=True).start()
+        if await aiotasks.wait_for_end(done, PARSE_BUDGET_S):
+            return done.result()
+        log.warning(
+            "CDI spec check: decoding a spec file did not finish in time; the file counts as "
+            "not checked until it does",
+            path=item.path, budgetSeconds=PARSE_BUDGET_S, bytes=len(data),
+        )  # fmt: skip
+        return SpecFile(
+            item.path, FileState.UNCHECKED,
+            reason=f"its decoding did not finish within {PARSE_BUDGET_S:g} s (the CDI "
+            "check's own CPU work, not host access); checked when it ends",
+        )  # fmt: skip
+
+    def decoding(self) -> str | None:
+        with self._lock:
+            return self._decoding
+
+
+def _fail(future: asyncio.Future[SpecFile], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+async def read_spec_dirs(io: HostIO, reader: SpecDirReader, paths: Sequence[str]) -> list[SpecDir]:
+    """Every directory: its survey and each changed file's read through ``io`` (host
+    access, one bounded call each), then its decoding (CPU work): files are decoded one
+    at a time until this check has waited ``PARSE_BUDGET_S`` for decodings (the rest
+    wait for the next check), and one file's decoding is waited for at most as long, so
+    a check waits at most twice that for decoding."""
+    surveys = await io.map([Call(path, partial(reader.survey, path)) for path in paths])
+    loop = asyncio.get_running_loop()
+    spent = 0.0  # seconds of decoding waited for in this check
+    dirs: list[SpecDir] = []
+    for path, survey in zip(paths, surveys, strict=True):
+        if isinstance(survey, Stalled):
+            dirs.append(SpecDir(path, error=f"not listed: {survey}"))
+            continue
+        if isinstance(survey, SpecDir):
+            dirs.append(survey)
+            continue
+        files: list[SpecFile] = []
+        for item in survey.entries:
+            if isinstance(item, SpecFile):
+                files.append(item)
+                continue
+            busy = reader.decoding()
+            if busy is not None or spent >= PARSE_BUDGET_S:
+                why = (
+                    f"not decoded yet: the decoding of {busy} is still running (CPU work)"
+                    if busy is not None
+                    else f"not decoded yet: this check's {PARSE_BUDGET_S:g} s of decoding "
+                    "was spent (CPU work); decoded at the next"
+                )
+                files.append(SpecFile(item.path, FileState.UNCHECKED, reason=why))
+                continue
+            loaded = await io.call(item.path, partial(cdientry.load, item))
+            if isinstance(loaded, Stalled):
+                files.append(SpecFile(item.path, FileState.UNCHECKED, reason=f"not read: {loaded}"))
+                continue
+            if isinstance(loaded.data, SpecFile):
+                reader.remember(item, loaded.data, loaded.stable)
+                files.append(loaded.data)
+                continue
+            started = loop.time()
+            files.append(await reader.decode(item, loaded.data, loaded.stable))
+            spent += loop.time() - started
+        dirs.append(reader.finish(survey, files))
+    return dirs

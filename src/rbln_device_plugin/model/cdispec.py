@@ -298,6 +298,7 @@ class FileState(StrEnum):
     USABLE = "usable"  # parsed and valid: the runtimes load it
     MALFORMED = "malformed"  # read, and the runtimes would skip it
     UNCHECKED = "unchecked"  # not read (too large, unreadable, a symlink leaving the dir)
+    HANGS = "hangs"  # not read: the runtimes' read blocks on it for good (a FIFO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,46 +337,69 @@ class SpecVerdict:
     unchecked: Mapping[str, str] = field(default_factory=dict)  # file -> why not checked
     malformed: Mapping[str, str] = field(default_factory=dict)  # file -> why unusable
     conflicts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device -> files
+    hangs: tuple[str, ...] = ()  # files the runtimes' read blocks on for good (in unchecked)
 
 
 def resolve_cdi_devices(
     dirs: Sequence[SpecDir], wanted: Iterable[str] = REFERENCED_DEVICES
 ) -> SpecVerdict:
     """Whether the runtimes' CDI cache, built from ``dirs`` (lowest priority first),
-    resolves every wanted device."""
+    resolves every wanted device.
+
+    A file the daemon did not check could define any device: where one of a directory's
+    files defines a wanted device, or two or more were not checked, they may define it
+    twice and the library drops it, so a device found is only "present" when no
+    directory holds such a pair. A file the runtimes' read blocks on (a FIFO) stops the
+    library's refresh with its lock held: whatever else is there, the daemon cannot tell.
+    """
     wanted_t = tuple(wanted)
     defined: dict[str, tuple[int, str]] = {}  # device -> (priority, file)
     clashes: dict[str, list[str]] = {}
     unseen: dict[str, str] = {}
     unchecked: dict[str, str] = {}
     malformed: dict[str, str] = {}
+    hangs: list[str] = []
+    # Per directory: entries not checked, and how many of its usable files define each device.
+    per_dir: list[tuple[int, dict[str, int]]] = []
     for priority, directory in enumerate(dirs):
         if directory.error:
             unseen[directory.path] = directory.error
             continue
+        not_checked = directory.truncated
+        here: dict[str, int] = {}
         if directory.truncated:
             unchecked[directory.path] = f"{directory.truncated} more spec files not checked"
         for spec_file in sorted(directory.files, key=lambda f: f.path):
-            if spec_file.state is FileState.UNCHECKED:
+            if spec_file.state in (FileState.UNCHECKED, FileState.HANGS):
                 unchecked[spec_file.path] = spec_file.reason
+                not_checked += 1
+                if spec_file.state is FileState.HANGS:
+                    hangs.append(spec_file.path)
                 continue
             if spec_file.state is FileState.MALFORMED or spec_file.spec is None:
                 malformed[spec_file.path] = spec_file.reason
                 continue
             for device in spec_file.spec.devices:
+                here[device] = here.get(device, 0) + 1
                 earlier = defined.get(device)
                 if earlier is not None and earlier[0] == priority:
                     clashes.setdefault(device, [earlier[1]]).append(spec_file.path)
                 if earlier is None or earlier[0] < priority:
                     defined[device] = (priority, spec_file.path)
+        per_dir.append((not_checked, here))
     found = {d: defined[d][1] for d in wanted_t if d in defined and d not in clashes}
     missing = tuple(d for d in wanted_t if d not in found)
-    if not missing:
-        state = CdiState.PRESENT
-    elif unseen or unchecked:
+    may_clash = any(
+        not_checked and not_checked + here.get(d, 0) >= 2
+        for d in found
+        for not_checked, here in per_dir
+    )
+    if hangs or (missing and (unseen or unchecked)) or (not missing and may_clash):
         state = CdiState.UNKNOWN
-    else:
+    elif missing:
         state = CdiState.MISSING
+    else:
+        state = CdiState.PRESENT
     return SpecVerdict(
         state,
         wanted_t,
@@ -385,4 +409,5 @@ def resolve_cdi_devices(
         unchecked,
         malformed,
         {d: tuple(paths) for d, paths in clashes.items() if d in wanted_t},
+        tuple(hangs),
     )

@@ -1,12 +1,14 @@
 """Whether the container runtimes can resolve the CDI device the answers name.
 
-Checked at start and after every scan: one bounded listing per spec directory, the
-files re-read only when a listing changed (``host.cdidirs``), the verdict from
-``model.cdispec``. What the operator reads: one warn record when the spec goes missing,
-one info record when that ends (found, or no longer knowable), an info record when the
-daemon cannot tell (a directory it cannot see, a file it could not check; never taken
-for "missing"), and the ``rbln_device_plugin_cdi_spec`` gauge. Allocate's answers never
-depend on it.
+Checked at start and after every scan: per spec directory one bounded look, listed
+again only when the directory changed and each file read again only when it changed
+(``host.cdidirs``), the verdict from ``model.cdispec``. What the operator reads: one warn
+record when the spec goes missing, one info record when that ends (found, or no longer
+knowable), an info record when the daemon cannot tell (a directory it cannot see, a file
+it could not check that could define the device or clash with its definition; never
+taken for "missing"), a warn record when a FIFO appears where the runtimes would read
+a spec (their CDI library blocks on it for good), and the ``rbln_device_plugin_cdi_spec``
+gauge. Allocate's answers never depend on it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ REFUSED_BY: Final = (
 WRITTEN_BY: Final = (
     "the RBLN container toolkit (rbln.yaml) or the RBLN NPU operator's toolkit component"
 )
+HUNG: Final = (
+    "containerd 2.x, and containerd 1.7 or CRI-O with CDI enabled: their CDI cache refresh "
+    "waits on the FIFO with its lock held, so every container with a CDI device (any "
+    "vendor's) waits at creation"
+)
 _SHOWN_FILES: Final = 16  # per field of a record; a directory of junk stays one line
 
 log = get_logger()
@@ -52,6 +59,7 @@ class CdiSpecCheck:
         self.verdict: SpecVerdict | None = None
         self._missing_since: float | None = None
         self._malformed_seen: dict[str, str] = {}
+        self._hangs_seen: frozenset[str] = frozenset()
 
     async def check(self) -> SpecVerdict:
         dirs = await read_spec_dirs(self._hostio, self._reader, self._dirs)
@@ -66,6 +74,14 @@ class CdiSpecCheck:
             if self._malformed_seen.get(path) != reason:
                 log.debug("CDI spec file is unusable; the runtimes skip it", path=path, err=reason)
         self._malformed_seen = dict(verdict.malformed)
+        new_hangs = [path for path in verdict.hangs if path not in self._hangs_seen]
+        self._hangs_seen = frozenset(verdict.hangs)
+        if new_hangs:
+            log.warning(
+                "A FIFO in a CDI spec directory would hang the container runtimes' CDI "
+                "library; remove it",
+                files=new_hangs[:_SHOWN_FILES], hangs=HUNG,
+            )  # fmt: skip
         before = previous.state if previous is not None else None
         if verdict.state is before:
             if (
