@@ -52,7 +52,8 @@ def test_defaults_match_the_documented_table() -> None:
         ("--sysfs-root", "SYSFS_ROOT", "sysfs_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--dev-root", "DEV_ROOT", "dev_root", "/f", "/e", Path("/f"), Path("/e")),
         ("--rbln-smi", "RBLN_SMI_PATH", "rbln_smi", "/f", "/e", Path("/f"), Path("/e")),
-        ("--rsd-lock-path", "RSD_LOCK_PATH", "rsd_lock_path", "/f", "/e", Path("/f"), Path("/e")),
+        ("--rsd-lock-path", "RSD_LOCK_PATH", "rsd_lock_path", "/d/f", "/d/e", Path("/d/f"),
+         Path("/d/e")),
         ("--test-file-device-nodes", "RBLN_TEST_FILE_DEVICE_NODES", "test_file_device_nodes",
          "true", "false", True, False),
     ],
@@ -384,3 +385,33 @@ def test_every_option_is_a_config_field_with_its_own_converter() -> None:
     settings = {f.name for f in fields(config.Config)} - {"sources", "ignored"}
     assert {o.field for o in config.OPTIONS} == settings
     assert all(callable(o.convert) for o in config.OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("/", "'/' is the root directory"),
+        ("//", "'//' is the root directory"),
+        ("/var", "'/var' lies directly in the root directory"),
+        ("/./var", "'/./var' lies directly in the root directory"),
+        ("/rsd.lock", "'/rsd.lock' lies directly in the root directory"),
+        ("/run/rbln/", "'/run/rbln/' names a directory"),
+        ("/run/rbln/.", "'/run/rbln/.' names a directory"),
+    ],
+)
+def test_an_rsd_lock_path_that_is_the_root_a_top_level_name_or_a_directory_is_refused(
+    value: str, why: str
+) -> None:
+    """The lock file and the instance lock beside it would be made in the host's root, or
+    the path names a directory the daemon would otherwise rename at the first Allocate."""
+    with pytest.raises(options.UsageError) as refused:
+        resolve(["--rsd-lock-path", value])
+    assert str(refused.value).startswith(f"--rsd-lock-path (command line): {why}")
+    assert "such as /run/rbln/rsd-group.lock" in str(refused.value)
+    with pytest.raises(options.UsageError, match="RSD_LOCK_PATH \\(environment"):
+        resolve([], {"RSD_LOCK_PATH": value})
+
+
+@pytest.mark.parametrize("value", ["/run/rsd.lock", "/run/./rsd.lock", "/a/b/c.lock", "/run/.x"])
+def test_an_rsd_lock_file_in_a_directory_below_the_root_is_accepted(value: str) -> None:
+    assert resolve(["--rsd-lock-path", value]).rsd_lock_path == Path(value)

@@ -9,8 +9,10 @@ import os
 import shutil
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from rbln_device_plugin.host.ownfiles import MOVED_ASIDE_MSG
@@ -21,12 +23,15 @@ from rbln_device_plugin.runtime.instancelock import (
     LEGACY_LOCK_NAME,
     LOCK_DIR,
     LOCK_NAME,
+    UNUSABLE_DIR_MSG,
+    USABLE_AGAIN_MSG,
 )
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 from .daemon_process import DaemonProcess
-from .fault_helpers import NPU, VF1, VF4, launch
+from .fault_helpers import NPU, VF1, VF4, allocate_direct, launch
+from .metrics_helpers import P, Samples, metrics_port, scrape_until, value
 from .probes import health, health_port
 from .test_inspect_cli import device, report
 from .test_tracing import receiver
@@ -58,6 +63,8 @@ def _moved(daemon: DaemonProcess, path: Path) -> dict[str, object]:
 
 
 async def test_a_symlinked_lock_file_is_moved_aside_never_written_through() -> None:
+    """The daemon's own lock files; a symlink at the path --rsd-lock-path names is refused
+    at start instead (below)."""
     victims: list[Path] = []
 
     def plant(node: SimNode) -> None:
@@ -67,7 +74,6 @@ async def test_a_symlinked_lock_file_is_moved_aside_never_written_through() -> N
             link.symlink_to(victims[0])
         node.rsd_lock_path.parent.mkdir(parents=True, exist_ok=True)
         (node.rsd_lock_path.parent / ANCHOR_NAME).symlink_to(victims[0])
-        node.rsd_lock_path.symlink_to(victims[0])
 
     async with launch("rebel-4", before_start=plant) as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
@@ -77,7 +83,6 @@ async def test_a_symlinked_lock_file_is_moved_aside_never_written_through() -> N
             h.node.kubelet_dir / LOCK_DIR / LOCK_NAME,
             h.node.kubelet_dir / LEGACY_LOCK_NAME,
             h.node.rsd_lock_path.parent / ANCHOR_NAME,
-            h.node.rsd_lock_path,
         ):
             record = _moved(h.daemon, path)
             assert "symbolic link" in str(record["problem"])
@@ -135,6 +140,106 @@ async def test_a_stray_file_where_the_lock_directory_belongs_does_not_stop_the_n
         assert str(moved) in str(record["hint"])
         assert (h.node.kubelet_dir / LOCK_DIR / LOCK_NAME).is_file()
         assert not [r for r in h.daemon.records if r.get("level") == "error"]
+
+
+@pytest.mark.parametrize(
+    ("plant", "problem"),
+    [
+        pytest.param(lambda p: (p.mkdir(), (p / "victim").write_text(VICTIM_TEXT)),
+                     "is a directory; name a file inside it, such as", id="directory"),
+        pytest.param(lambda p: p.symlink_to(p.parent.parent, target_is_directory=True),
+                     "is a symbolic link (to ", id="symlink"),
+        pytest.param(lambda p: os.mkfifo(p), "is a named pipe, not a regular file", id="fifo"),
+    ],
+)  # fmt: skip
+def test_an_rsd_lock_path_that_is_a_directory_a_symlink_or_a_pipe_is_refused_at_start(
+    short_tmp: Path, plant: Callable[[Path], object], problem: str
+) -> None:
+    """A directory named by --rsd-lock-path was renamed to ``...moved-aside.<secs>`` at the
+    first Allocate, a lock file put in its place. Now a usage error at start (exit 2), and
+    nothing there or beside it is touched."""
+    host = short_tmp / "host"
+    host.mkdir()
+    target = host / "rbln"
+    plant(target)
+    before = sorted(host.iterdir())
+    daemon = DaemonProcess([
+        "--healthcheck-port", "-1", "--kubelet-device-plugin-path", str(short_tmp / "kubelet"),
+        "--rsd-lock-path", str(target),
+    ])  # fmt: skip
+    assert daemon.proc.wait(30) == 2
+    daemon.stop()
+    (record,) = daemon.find("Invalid command line")
+    assert str(record["err"]).startswith(f"--rsd-lock-path (command line): {target} {problem}")
+    assert f"rbln-device-plugin: error: --rsd-lock-path (command line): {target}" in daemon.stderr
+    assert sorted(host.iterdir()) == before
+    if target.is_dir() and not target.is_symlink():
+        assert (target / "victim").read_text() == VICTIM_TEXT
+
+
+async def test_a_directory_made_at_the_rsd_lock_path_after_start_is_never_renamed() -> None:
+    async with launch("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        lock = h.node.rsd_lock_path
+        lock.mkdir()
+        (lock / "victim").write_text(VICTIM_TEXT)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await allocate_direct(h.node, NPU, [["rbln0"]], deadline=10)
+        assert f"{lock} is a directory, not a regular file" in str(refused.value.details())
+        assert "--rsd-lock-path (RSD_LOCK_PATH)" in str(refused.value.details())
+        assert (lock / "victim").read_text() == VICTIM_TEXT
+        assert not list(lock.parent.glob("*.moved-aside.*"))
+        assert not h.daemon.find(MOVED_ASIDE_MSG)
+        shutil.rmtree(lock)  # the operator's fix: the next Allocate makes the lock file
+        await h.kubelet.allocate(NPU, [["rbln0"]])
+        assert lock.is_file()
+        assert h.daemon.stop() == 0
+
+
+async def test_a_dangling_symlink_rsd_lock_directory_is_said_and_shown_by_probe_and_metric() -> (
+    None
+):
+    """The directory of --rsd-lock-path (where the instance lock lies) a symlink to nowhere:
+    the daemon waited for ever, alive and not ready, with no record. Now one error record,
+    liveness NOT_SERVING (the chart's probe restarts the pod) and the instance state say
+    why, until the link leads somewhere."""
+    targets: list[Path] = []
+
+    def plant(node: SimNode) -> None:
+        run = node.rsd_lock_path.parent
+        shutil.rmtree(run)
+        targets.append(node.root / "driver-run")
+        run.symlink_to(targets[0], target_is_directory=True)
+
+    async with launch("rebel-4", extra_args=[*HEALTH, "--metrics-port", "0"],
+                      before_start=plant) as h:  # fmt: skip
+        run = h.node.rsd_lock_path.parent
+        (said,) = await h.daemon.await_log(UNUSABLE_DIR_MSG)
+        assert said["level"] == "error" and said["directory"] == str(run)
+        assert said["reason"] == (
+            f"{run} is a symbolic link to {str(targets[0])!r}, which does not exist"
+        )
+        port, metrics = await health_port(h.daemon), await metrics_port(h.daemon)
+        assert await health(port, "liveness") == "NOT_SERVING"
+        assert await health(port, "readiness") == "NOT_SERVING"
+        samples = await scrape_until(metrics, lambda s: instance_state(s) == "lock_dir_unusable")
+        assert value(samples, "instance_state", state="waiting_for_lock") == 0
+        await asyncio.sleep(1.5)  # three retries of the lock: still one record
+        assert len(h.daemon.find(UNUSABLE_DIR_MSG)) == 1
+        assert not targets[0].exists()  # nothing made through the link
+        targets[0].mkdir()  # the link leads somewhere now
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        await h.daemon.await_log(USABLE_AGAIN_MSG, directory=str(run))
+        assert await health(port, "liveness") == "SERVING"
+        await scrape_until(metrics, lambda s: instance_state(s) == "serving")
+        assert (targets[0] / ANCHOR_NAME).is_file()
+        assert h.daemon.stop() == 0
+
+
+def instance_state(samples: Samples) -> str | None:
+    current = [dict(k[1])["state"] for k, v in samples.items()
+               if k[0] == P + "instance_state" and v == 1]  # fmt: skip
+    return current[0] if len(current) == 1 else None
 
 
 SERVER_FAILED = "Cannot start device plugin server; retrying next scan"

@@ -7,10 +7,13 @@ import fcntl
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import structlog
 
+from rbln_device_plugin.host import ownfiles
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.runtime import instancelock
 from rbln_device_plugin.runtime.instancelock import (
@@ -20,6 +23,8 @@ from rbln_device_plugin.runtime.instancelock import (
     InstanceLock,
     _LockFile,
 )
+
+from .test_ownfiles import SPECIAL, opens_of
 
 
 def holds(path: Path) -> bool:
@@ -185,3 +190,94 @@ async def test_a_lock_file_that_does_not_answer_never_holds_the_loop_or_a_stray_
     # Nothing of the abandoned attempt still holds the file: another process can lock it.
     assert not holds(tmp_path / LOCK_DIR / LOCK_NAME)
     assert not holds(tmp_path / LEGACY_LOCK_NAME)
+
+
+# ------------------------------------------------------------------- issue 49's host files
+@pytest.mark.parametrize(("make", "kind"), SPECIAL)
+async def test_a_device_or_pipe_at_the_lock_path_is_moved_aside_never_opened(
+    tmp_path: Path, hostio: HostIO, make: Callable[[Path], None], kind: str
+) -> None:
+    """The lock file used to be opened read-write before its type was checked: a device
+    node there saw an open (some arm a watchdog on open), a named pipe a writer."""
+    planted = tmp_path / LEGACY_LOCK_NAME
+    make(planted)
+    with opens_of(planted) as opens:
+        lock = await held_lock(tmp_path, hostio)
+        try:
+            assert await lock._holder(lock._legacy) == os.getpid()  # the daemon's own file now
+            assert opens.count() == 0
+        finally:
+            lock.release()
+    (aside,) = tmp_path.glob(f"{LEGACY_LOCK_NAME}.moved-aside.*")
+    assert ownfiles.kind_of(aside.lstat().st_mode) == kind
+
+
+@pytest.mark.parametrize(("make", "kind"), SPECIAL)
+def test_the_holders_pid_is_never_read_from_a_device_or_pipe(
+    tmp_path: Path, make: Callable[[Path], None], kind: str
+) -> None:
+    planted = tmp_path / LEGACY_LOCK_NAME
+    make(planted)
+    lock = _LockFile(planted, tmp_path, legacy=True)
+    with opens_of(planted) as opens:
+        assert lock.holder() == "unknown"
+        assert opens.count() == 0
+
+
+async def test_a_directory_moved_aside_onto_a_full_one_does_not_stop_the_daemon(
+    tmp_path: Path, hostio: HostIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory where the lock file belongs, with one moved aside in the same second
+    before it: renaming onto that non-empty directory failed (ENOTEMPTY) and the daemon
+    exited 1 (InstanceLockError)."""
+    monkeypatch.setattr(ownfiles.time, "time_ns", lambda: 1_800_000_000 * 1_000_000_000)
+    earlier = tmp_path / f"{LEGACY_LOCK_NAME}.moved-aside.1800000000"
+    earlier.mkdir()
+    (earlier / "evidence").write_text("kept\n")
+    (tmp_path / LEGACY_LOCK_NAME).mkdir()
+    (tmp_path / LEGACY_LOCK_NAME / "content").write_text("kept too\n")
+    lock = await held_lock(tmp_path, hostio)
+    lock.release()
+    assert (earlier / "evidence").read_text() == "kept\n"
+    assert (earlier.with_name(earlier.name + ".1") / "content").read_text() == "kept too\n"
+
+
+async def test_a_dangling_symlink_lock_directory_is_said_once_and_shown_until_fixed(
+    tmp_path: Path, hostio: HostIO
+) -> None:
+    """The anchor's directory (that of --rsd-lock-path) a symlink to nowhere: the daemon
+    used to wait for ever with no record, alive and never restarted. It now says why once,
+    tells its caller (liveness and the instance state follow), and carries on when fixed."""
+    kubelet_dir, run = tmp_path / "kubelet", tmp_path / "run"
+    kubelet_dir.mkdir()
+    run.mkdir()
+    (run / "rbln").symlink_to(tmp_path / "driver-not-mounted-yet")
+    lock = InstanceLock(kubelet_dir, hostio, run / "rbln" / instancelock.ANCHOR_NAME)
+    told: list[bool] = []
+    first = asyncio.Event()
+
+    async def directory_unusable(now: bool) -> None:
+        told.append(now)
+        first.set()
+
+    with structlog.testing.capture_logs() as records:
+        acquiring = asyncio.create_task(lock.acquire(asyncio.Event(), directory_unusable))
+        await asyncio.wait_for(first.wait(), 10)
+        await asyncio.sleep(3 * instancelock.RETRY_S)  # several retries: still said once
+        assert not acquiring.done() and told == [True]
+        (said,) = [r for r in records if r["event"] == instancelock.UNUSABLE_DIR_MSG]
+        assert said["log_level"] == "error"
+        assert said["directory"] == str(run / "rbln")
+        assert said["reason"] == (
+            f"{run / 'rbln'} is a symbolic link to {str(tmp_path / 'driver-not-mounted-yet')!r}, "
+            "which does not exist"
+        )
+        assert not (tmp_path / "driver-not-mounted-yet").exists()  # nothing made through it
+        (tmp_path / "driver-not-mounted-yet").mkdir()  # the link leads somewhere now
+        assert await asyncio.wait_for(acquiring, 10)
+        try:
+            assert told == [True, False]
+            assert [r for r in records if r["event"] == instancelock.USABLE_AGAIN_MSG]
+            assert holds(run / "rbln" / instancelock.ANCHOR_NAME)
+        finally:
+            lock.release()

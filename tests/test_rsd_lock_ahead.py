@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from rbln_device_plugin.host.rsd import (
     open_lock_file_ahead,
 )
 
+from .test_ownfiles import make_char_device, make_fifo, opens_of
 from .test_rsd import BUS, RsdNode, lock_is_free
 
 
@@ -85,3 +87,39 @@ def test_a_lock_file_opened_ahead_and_dropped_is_closed(tmp_path: Path) -> None:
     del ahead  # a cancelled batch's results are dropped like this
     gc.collect()
     assert fds_on(lock) == set()
+
+
+@pytest.mark.parametrize(
+    ("plant", "kind"),
+    [
+        pytest.param(lambda p: (p.mkdir(), (p / "host data").write_text("kept\n")), "directory",
+                     id="directory"),
+        pytest.param(lambda p: p.symlink_to(p.parent), "symbolic link", id="symlink"),
+        pytest.param(make_fifo, "named pipe", id="fifo"),
+        pytest.param(make_char_device, "character device", id="character-device"),
+    ],
+)  # fmt: skip
+async def test_what_sits_at_the_configured_lock_path_fails_the_group_and_stays_untouched(
+    node: RsdNode, plant: Callable[[Path], object], kind: str
+) -> None:
+    """--rsd-lock-path naming a host directory: the first Allocate renamed that directory
+    to ``...moved-aside.<secs>`` and put a lock file in its place. A path the operator
+    named is never renamed, written through or opened unless it is a lock file."""
+    node.lock.parent.mkdir(parents=True)
+    plant(node.lock)
+    before = node.lock.lstat()
+    with opens_of(node.lock) as opens:
+        refused = open_lock_file_ahead(node.lock)
+        assert isinstance(refused, OSError)
+        with pytest.raises(RsdError) as failed:
+            await node.recreate([BUS[0]], opened_lock=refused)
+        assert opens.count() == 0
+    message = str(failed.value)
+    assert message.startswith(f"cannot open RSD lock file {node.lock}: {node.lock} is a {kind}")
+    assert "never moves aside the path --rsd-lock-path (RSD_LOCK_PATH) names" in message
+    assert node.calls() == []
+    after = node.lock.lstat()
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert sorted(p.name for p in node.lock.parent.iterdir()) == [node.lock.name]
+    if kind == "directory":
+        assert (node.lock / "host data").read_text() == "kept\n"

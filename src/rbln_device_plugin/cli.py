@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from rbln_device_plugin import processtweaks
@@ -20,6 +21,8 @@ from rbln_device_plugin.model import resources  # noqa: E402
 from rbln_device_plugin.telemetry import grpc_relay, logs  # noqa: E402
 
 IGNORED_SETTING_MSG = "Setting ignored; using its default"
+# How long the start's look at what --rsd-lock-path names may take (a mount that hangs).
+LOCK_PATH_LOOK_S = 2.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +58,7 @@ def _main(args: Sequence[str]) -> int:
     log = logs.get_logger()
     try:
         cfg = options.parse(args, os.environ)
+        _check_lock_path(cfg)
     except options.UsageError as exc:
         options.daemon_parser().print_usage(sys.stderr)
         sys.stderr.write(f"rbln-device-plugin: error: {exc}\n")
@@ -102,6 +106,27 @@ def _main(args: Sequence[str]) -> int:
     finally:
         if relay is not None:
             relay.stop()
+
+
+def _check_lock_path(cfg: config.Config) -> None:
+    """UsageError when ``--rsd-lock-path`` names an entry that cannot be the lock file (a
+    directory, a symlink, a device...): the daemon would otherwise find it at the first
+    Allocate. Looked at (``lstat``) on a thread of its own, bounded: on a mount that does
+    not answer the daemon starts anyway, and Allocate refuses what it finds there."""
+    from rbln_device_plugin.host import ownfiles
+
+    found: list[str | None] = []
+    done = threading.Event()
+
+    def look() -> None:
+        try:
+            found.append(ownfiles.configured_file_problem(cfg.rsd_lock_path))
+        finally:
+            done.set()
+
+    threading.Thread(target=look, name="rsd-lock-path-look", daemon=True).start()
+    if done.wait(LOCK_PATH_LOOK_S) and found and found[0] is not None:
+        raise options.UsageError(f"{cfg.origin('rsd_lock_path')}: {cfg.rsd_lock_path} {found[0]}")
 
 
 if __name__ == "__main__":

@@ -103,6 +103,28 @@ def _host_dir(raw: str) -> Path:
     return path
 
 
+def _lock_file(raw: str) -> Path:
+    """A lock file on the host, in a directory below the root: the daemon creates it (and the
+    instance lock beside it, see ``runtime.instancelock``), so ``/`` itself, a top-level
+    name such as ``/var`` (whose directory is the root) and a path ending in ``/`` (a
+    directory) are refused. What the path holds on disk is looked at when the daemon
+    starts (``cli``)."""
+    path = _host_dir(raw)
+    named = [part for part in raw.split("/") if part not in ("", ".")]
+    if len(named) < 2:
+        where = "is the root directory" if not named else "lies directly in the root directory"
+        raise ConfigError(
+            f"{raw!r} {where}: the lock file and the instance lock beside it would be made "
+            "in /; give a file in a directory below it, such as /run/rbln/rsd-group.lock"
+        )
+    if raw.endswith(("/", "/.")):
+        raise ConfigError(
+            f"{raw!r} names a directory; give the lock file's path, such as "
+            "/run/rbln/rsd-group.lock"
+        )
+    return path
+
+
 # What Kubernetes injects for a Service named "metrics" or "healthcheck" in the pod's
 # namespace (service links): METRICS_PORT=tcp://10.0.0.1:9464. Not a port the operator
 # chose, so it is not worth a crash loop.
@@ -268,9 +290,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "/run/rbln/driver/usr/bin, /host/usr/bin, /host/driver/usr/bin, then PATH", "PATH",
            shown_default="search", convert=_optional_path),
     Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
-           "lock file serialising RSD group changes between processes (absolute); the "
-           "instance lock a second instance waits on lies beside it", "PATH",
-           convert=_host_dir),
+           "lock file serialising RSD group changes between processes (absolute, in a "
+           "directory below /; not a directory or a symlink); the instance lock a second "
+           "instance waits on lies beside it", "PATH", convert=_lock_file),
     Option("scan_stall_limit", "--scan-stall-limit", "SCAN_STALL_LIMIT",
            format_duration(DEFAULT_SCAN_STALL_LIMIT_S),
            "a device scan still running after this long turns the liveness health service "

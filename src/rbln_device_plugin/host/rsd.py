@@ -187,12 +187,19 @@ def npus_for(entries: Sequence[GroupEntry], bus_ids: Sequence[str]) -> list[int]
     return npus
 
 
+# The setting that names the RSD lock file: what sits at its path is refused, never
+# renamed (see ``ownfiles``).
+LOCK_PATH_SETTING: Final = "--rsd-lock-path (RSD_LOCK_PATH)"
+
+
 def _open_lock_file(path: Path) -> int:
-    """The RSD lock file, opened without following a symlink and checked (see ``ownfiles``):
-    its directory (``/run/rbln`` on the host) is shared with other programs."""
+    """The RSD lock file, looked at before it is opened (never followed, no device or pipe
+    opened) and checked (see ``ownfiles``): its directory (``/run/rbln`` on the host) is
+    shared with other programs. The operator named this path, so an unusable entry there
+    fails the call (``ownfiles.UnsafeEntry``, naming the setting) and is left where it is."""
     ensure_dir(path.parent)
     with ownfiles.opened_dir(path.parent) as parent_fd:
-        fd = ownfiles.open_file(parent_fd, path.parent, path.name)
+        fd = ownfiles.open_file(parent_fd, path.parent, path.name, configured_by=LOCK_PATH_SETTING)
     assert fd is not None  # created when missing
     return fd
 

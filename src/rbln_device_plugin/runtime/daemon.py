@@ -3,7 +3,8 @@
 Start: health service (liveness SERVING at once), metrics (so a waiting instance shows
 on a dashboard, its ``instance_state`` saying what it waits for), the kubelet's directory
 (waited for, never created), instance lock (a second instance waits here, readiness
-NOT_SERVING), tracing, the scan loop; readiness turns SERVING after the first scan.
+NOT_SERVING; liveness too while the lock's directory cannot be made), tracing, the scan
+loop; readiness turns SERVING after the first scan.
 
 Shutdown, in this order, after the first SIGTERM, SIGINT, SIGHUP or SIGQUIT:
 
@@ -117,7 +118,8 @@ async def serve(
             recorder.instance_state(m.STATE_WAITING_FOR_KUBELET_DIR)
             waited = await KubeletDirectory(config.kubelet_dir, hostio).wait(stop)
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
-            if not waited or not await instance.acquire(stop):
+            unusable = partial(_lock_dir_unusable, recorder, health)
+            if not waited or not await instance.acquire(stop, unusable):
                 await recorder.shutdown()
                 log.info("Shutdown complete", signal=signal_name())
                 return options.EXIT_OK
@@ -133,6 +135,15 @@ async def serve(
         hostio.close()
         if health is not None:
             await health.stop(grace=0.2)
+
+
+async def _lock_dir_unusable(recorder: m.Metrics, health: HealthService | None, now: bool) -> None:
+    """The instance lock's directory cannot be made (or can again): waiting for another
+    instance is progress, waiting for this is not, so liveness says so (the chart's probe
+    then restarts the pod, and its restarts show) and so does the instance state."""
+    recorder.instance_state(m.STATE_LOCK_DIR_UNUSABLE if now else m.STATE_WAITING_FOR_LOCK)
+    if health is not None:
+        await health.set_alive(not now)
 
 
 def _name(signals: ShutdownSignals) -> str | None:

@@ -5,9 +5,10 @@ Three service names, each with one meaning (any other name answers NOT_FOUND):
 - ``liveness``: the process is alive and making progress. SERVING from the moment the
   server starts, also while a second instance waits for the instance lock (waiting is
   what it should do); NOT_SERVING only while a device scan has run longer than
-  ``--scan-stall-limit`` (see ``ScanWatchdog``). A daemon whose event loop is blocked
-  cannot answer at all, which the probe counts as a failure too. The chart's liveness
-  probe asks this: failures restart the container.
+  ``--scan-stall-limit`` (see ``ScanWatchdog``), and while the instance lock's directory
+  cannot be made (waiting for that cannot end by itself, see ``instancelock``). A
+  daemon whose event loop is blocked cannot answer at all, which the probe counts as a
+  failure too. The chart's liveness probe asks this: failures restart the container.
 - ``readiness``: this instance serves the kubelet. SERVING once it holds the instance
   lock and its first scan has completed; NOT_SERVING before that, while waiting for
   another instance, and during shutdown. The chart's readiness probe asks this:

@@ -27,9 +27,16 @@ directory is by definition the one every instance on the node shares; deriving t
 anchor from it needs no new setting, and a deployment without a shared RSD lock
 directory keeps the kubelet-directory locks as before.
 
-Every file is opened relative to its directory's descriptor, never through a symlink,
+Every file is looked at before it is opened (an ``O_PATH`` descriptor: no device's or
+pipe's ``open`` runs), relative to its directory's descriptor, never through a symlink,
 and checked before it is written (see ``host.ownfiles``): whatever else sits in the way
 is renamed aside with a warning.
+
+The anchor's directory is the daemon's to create. When it cannot be made or opened (a
+symlink there leads nowhere or to a file, a file sits there), waiting cannot end by
+itself: that is said once (an error record naming the component in the way), and
+``acquire`` tells its caller, which turns liveness NOT_SERVING and the instance state
+``lock_dir_unusable`` until the directory can be used.
 
 A lock that is no longer ours (its file was deleted or replaced and someone else now
 holds the new one, or it cannot be locked again at all) means two daemons could serve
@@ -42,11 +49,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
-import stat
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -71,11 +79,23 @@ _WATCH_EVENTS: Final = (
     | inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF
 )  # fmt: skip
 
+UNUSABLE_DIR_MSG: Final = "The instance lock's directory cannot be used; waiting until it can"
+USABLE_AGAIN_MSG: Final = "The instance lock's directory can be used again"
+
 log = get_logger()
 
 
 class InstanceLockError(Exception):
     """A lock file cannot be created or locked at all (not: someone else holds it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryUnusable:
+    """The directory of a lock file the daemon creates cannot be made or opened."""
+
+    lock_path: Path
+    directory: Path
+    reason: str  # the component in the way (``ownfiles.why_not_a_directory``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +123,26 @@ class _LockFile:
         self.parent_owned = parent_owned
         self.fd: int | None = None
 
-    def _open(self, create: bool) -> int | None:
+    def _open(self, create: bool) -> int | DirectoryUnusable | None:
         """The lock file's descriptor, every step relative to its parent's, never followed
         (see ``ownfiles``); None when it (or the kubelet's directory) is missing."""
         top = self.path.parent if self.subdir is None else self.path.parent.parent
-        if self.parent_owned and create:
-            ensure_dir(top)
+        made = self.parent_owned and create
+        if made:
+            # A component in the way (a dangling symlink, a file) fails here or below.
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                ensure_dir(top)
         try:
             top_fd = ownfiles.open_dir(top)
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+            if made:
+                # Ours to make, and still not a directory: nothing will change that but
+                # whoever put it there (see the module's doc).
+                return DirectoryUnusable(self.path, top, ownfiles.why_not_a_directory(top))
+            if exc.errno == errno.ELOOP:
+                raise
             # The kubelet's directory is the kubelet's to create: while it is gone (the
             # manager waits for it and says so), nothing is locked or made.
             return None
@@ -130,10 +161,11 @@ class _LockFile:
         finally:
             os.close(top_fd)
 
-    def lock_now(self, *, create: bool = True) -> int | bool | None:
+    def lock_now(self, *, create: bool = True) -> int | bool | DirectoryUnusable | None:
         """Blocking: lock the file now at ``path``; its descriptor (locked, holding our PID),
         False while another process holds it, None when it is missing (with ``create``
-        false, or the kubelet's directory gone). Raises InstanceLockError.
+        false, or the kubelet's directory gone), DirectoryUnusable when its directory,
+        which the daemon makes, cannot be. Raises InstanceLockError.
 
         Runs on a host I/O thread (see ``_Attempt``), never on the event loop.
         """
@@ -144,8 +176,8 @@ class _LockFile:
                 raise InstanceLockError(str(exc)) from exc
             except OSError as exc:
                 raise InstanceLockError(f"cannot open {self.path}: {exc}") from exc
-            if fd is None:
-                return None
+            if fd is None or isinstance(fd, DirectoryUnusable):
+                return fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -186,14 +218,12 @@ class _LockFile:
 
     def holder(self) -> int | str:
         """Blocking: the PID the file names, or "unknown"."""
-        try:
-            # Never followed, never blocking (a named pipe planted there stays unread).
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
+        # Never followed, and only a regular file is opened (a device node or a named pipe
+        # planted there is never opened, see ``ownfiles``).
+        fd = ownfiles.open_regular_to_read(self.path)
+        if fd is None:
             return "unknown"
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return "unknown"
             text = os.pread(fd, _PID_BYTES, 0).decode("ascii", errors="replace").strip()
         except OSError:
             return "unknown"
@@ -214,12 +244,12 @@ class _Attempt:
         self._abandoned = False
         self._fd: int | None = None
 
-    def run(self) -> int | bool | InstanceLockError | None:
+    def run(self) -> int | bool | InstanceLockError | DirectoryUnusable | None:
         try:
             outcome = self._lock.lock_now(create=self._create)
         except InstanceLockError as exc:
             return exc  # host calls return problems as data (see hostio.Call)
-        if isinstance(outcome, bool) or outcome is None:
+        if isinstance(outcome, (bool, DirectoryUnusable)) or outcome is None:
             return outcome
         with self._guard:
             if self._abandoned:
@@ -246,6 +276,8 @@ class InstanceLock:
         # holder.
         self._serial = asyncio.Lock()
         self._stall_said = False
+        # The lock directory found unusable, said once until it can be used again.
+        self._unusable: DirectoryUnusable | None = None
         self._primary = _LockFile(
             kubelet_dir / LOCK_DIR / LOCK_NAME, kubelet_dir, legacy=False, subdir=LOCK_DIR
         )
@@ -262,19 +294,32 @@ class InstanceLock:
         self.lost = asyncio.Event()
         self.loss: LockLoss | None = None
 
-    async def acquire(self, stop: asyncio.Event) -> bool:
+    async def acquire(
+        self,
+        stop: asyncio.Event,
+        directory_unusable: Callable[[bool], Awaitable[None]] | None = None,
+    ) -> bool:
         """Take both locks, waiting as long as another instance holds either.
 
         False when ``stop`` was set first. Raises InstanceLockError when a file cannot be
         used at all. A lock file that does not answer within the host I/O bound is said
         once and tried again, like a held one: nothing is known to be wrong with it yet.
+        A lock directory the daemon cannot make is said once and tried again too, and
+        ``directory_unusable`` is told when that starts (True) and ends (False).
         """
         started = time.monotonic()
         reported = False
+        shown = False
         for lock in self._locks:
             while True:
                 async with self._serial:
                     locked = await self._try_lock(lock, create=True)
+                unusable = isinstance(locked, DirectoryUnusable)
+                if not isinstance(locked, Stalled) and unusable != shown:
+                    shown = unusable
+                    reported = True
+                    if directory_unusable is not None:
+                        await directory_unusable(unusable)
                 if locked is True:
                     break
                 if locked is False and not reported:
@@ -284,7 +329,8 @@ class InstanceLock:
                         lockPath=str(lock.path), holderPid=await self._holder(lock),
                     )  # fmt: skip
                     reported = True
-                # None: no kubelet directory yet; a Stalled: said in _try_lock
+                # None: no kubelet directory yet; a Stalled or an unusable directory: said
+                # in _try_lock
                 await wait_any(stop, timeout=RETRY_S)
                 if stop.is_set():
                     return False
@@ -295,7 +341,9 @@ class InstanceLock:
             )  # fmt: skip
         return True
 
-    async def _try_lock(self, lock: _LockFile, *, create: bool) -> bool | Stalled | None:
+    async def _try_lock(
+        self, lock: _LockFile, *, create: bool
+    ) -> bool | Stalled | DirectoryUnusable | None:
         """``lock.lock_now`` through host I/O: True when ``lock`` is ours now."""
         attempt = _Attempt(lock, create)
         try:
@@ -310,10 +358,28 @@ class InstanceLock:
         self._stall_said = False
         if isinstance(outcome, InstanceLockError):
             raise outcome
+        if isinstance(outcome, DirectoryUnusable):
+            self._directory_unusable(outcome)
+            return outcome
+        unusable = self._unusable
+        if unusable is not None and unusable.lock_path == lock.path and outcome is not None:
+            log.info(USABLE_AGAIN_MSG, directory=str(unusable.directory))
+            self._unusable = None
         if isinstance(outcome, bool) or outcome is None:
             return outcome
         lock.take(outcome)
         return True
+
+    def _directory_unusable(self, found: DirectoryUnusable) -> None:
+        if self._unusable == found:
+            return  # said already (a different reason is said again)
+        self._unusable = found
+        log.error(
+            UNUSABLE_DIR_MSG,
+            lockPath=str(found.lock_path), directory=str(found.directory), reason=found.reason,
+            hint=f"the directory of --rsd-lock-path holds the instance lock, and the daemon "
+            f"makes it when it is missing: remove or fix what is in the way ({found.reason})",
+        )  # fmt: skip
 
     def _stalled(self, lock: _LockFile, stalled: Stalled) -> None:
         if not self._stall_said:
@@ -357,7 +423,7 @@ class InstanceLock:
                 lock.close()
                 self._lose(LockLoss(lock.path, f"the lock file was deleted or replaced and {exc}"))
                 return False
-            if locked is None or isinstance(locked, Stalled):
+            if locked is None or isinstance(locked, (Stalled, DirectoryUnusable)):
                 continue  # deleted (locked again at the next scan unless someone is faster)
             if not locked:
                 reason = "the lock file was deleted or replaced and another process holds it now"

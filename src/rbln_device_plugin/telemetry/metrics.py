@@ -59,7 +59,11 @@ SCAN_RESULTS: Final = (OK, SCAN_DISCOVERY_FAILED)
 STATE_WAITING_FOR_KUBELET_DIR: Final = "waiting_for_kubelet_dir"
 STATE_WAITING_FOR_LOCK: Final = "waiting_for_lock"
 STATE_SERVING: Final = "serving"
-INSTANCE_STATES: Final = (STATE_WAITING_FOR_KUBELET_DIR, STATE_WAITING_FOR_LOCK, STATE_SERVING)
+# The instance lock's directory (that of --rsd-lock-path) cannot be made or opened.
+STATE_LOCK_DIR_UNUSABLE: Final = "lock_dir_unusable"
+INSTANCE_STATES: Final = (
+    STATE_WAITING_FOR_KUBELET_DIR, STATE_WAITING_FOR_LOCK, STATE_LOCK_DIR_UNUSABLE, STATE_SERVING,
+)  # fmt: skip
 
 
 class Metrics:
