@@ -1019,6 +1019,8 @@ READABLE: list[tuple[list[str], str]] = [
      '"256MB" is not a Kubernetes quantity (such as 256Mi'),
     (["--set-json", f'{PLUGIN}.extraEnv=[{{"name": "SYSFS_ROOT", "value": " "}}]'],
      f"{PLUGIN}.extraEnv: SYSFS_ROOT is blank; give a path"),
+    (["--set-json", f'{PLUGIN}.extraEnv=[{{"name": "RSD_LOCK_PATH", "value": "/var"}}]'],
+     f'{PLUGIN}.extraEnv: RSD_LOCK_PATH "/var" is not a lock file\'s path'),
 ]  # fmt: skip
 
 
@@ -1050,6 +1052,24 @@ def test_otlp_endpoint_helm_and_daemon_agree(helm: Helm, parts: tuple[str, str, 
     done = helm.attempt(*_set_json("devicePlugin.otlpEndpoint", endpoint))
     assert done.returncode == 0 or refused_by_chart(done), done.stderr
     assert (done.returncode == 0) == daemon_ok, f"{endpoint!r}: helm {done.stderr}"
+
+
+@pytest.mark.slow  # about 40 helm runs: seconds
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(parts=st.lists(st.sampled_from(["", ".", "..", "run", "rbln", "a.lock"]), max_size=4),
+       lead=st.sampled_from(["/", "", "//"]), tail=st.sampled_from(["", "/", "/."]))  # fmt: skip
+def test_rsd_lock_path_helm_and_daemon_agree(
+    helm: Helm, parts: list[str], lead: str, tail: str
+) -> None:
+    path = lead + "/".join(parts) + tail
+    if not path.strip():
+        return  # blank: refused by the chart's own blank check (above)
+    daemon_ok = daemon_objection({"RSD_LOCK_PATH": path}) is None
+    done = helm.attempt(
+        *_set_json(f"{PLUGIN}.extraEnv", [{"name": "RSD_LOCK_PATH", "value": path}])
+    )
+    assert done.returncode == 0 or refused_by_chart(done), done.stderr
+    assert (done.returncode == 0) == daemon_ok, f"{path!r}: helm {done.stderr}"
 
 
 def test_chart_sets_exactly_the_variables_the_cli_reads(rendered: dict[str, str]) -> None:

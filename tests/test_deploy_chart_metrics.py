@@ -142,13 +142,13 @@ def test_extra_env_cannot_shadow_any_variable_the_chart_sets(
 ) -> None:
     for name in env_of(plugin_container(daemonset(rendered["metrics"]))):
         done = helm.attempt("--set", f"{PLUGIN}.extraEnv[0].name={name}",
-                            "--set", f"{PLUGIN}.extraEnv[0].value=x")  # fmt: skip
+                            "--set", f"{PLUGIN}.extraEnv[0].value=/run/x/rsd.lock")  # fmt: skip
         if name == "RSD_LOCK_PATH":
             # A default that extraEnv replaces (the chart then leaves its own out), not a
             # value extraEnv could shadow.
             container = plugin_container(daemonset(done.stdout))
             assert [e for e in container["env"] if e["name"] == name] == [
-                {"name": name, "value": "x"}
+                {"name": name, "value": "/run/x/rsd.lock"}
             ]
             continue
         assert refused_by_chart(done), f"extraEnv may shadow {name}"

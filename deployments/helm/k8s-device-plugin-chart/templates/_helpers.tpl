@@ -135,6 +135,14 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- fail (printf "devicePlugin.containers.plugin.extraEnv: %s is blank; give a path, or leave the entry out for the plugin's default" .name) }}
 {{- end }}
 {{- end }}
+{{- if and (eq .name "RSD_LOCK_PATH") (hasKey . "value") }}
+{{- $lockPath := toString .value }}
+{{- $parts := splitList "/" $lockPath }}
+{{- $named := without $parts "" "." }}
+{{- if or (not (hasPrefix "/" $lockPath)) (has ".." $parts) (lt (len $named) 2) (hasSuffix "/" $lockPath) (hasSuffix "/." $lockPath) }}
+{{- fail (printf "devicePlugin.containers.plugin.extraEnv: RSD_LOCK_PATH %q is not a lock file's path: give an absolute path without '..' to a file in a directory below the root, such as /run/rbln/rsd-group.lock (the plugin makes the file and its instance lock beside it)" $lockPath) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $cdiMode := dig "cdiMode" "annotation" $plugin }}
 {{- if not (has $cdiMode (list "annotation" "field" "both")) }}
