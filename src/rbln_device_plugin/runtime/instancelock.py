@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Final
 
 from rbln_device_plugin.host import inotify, ownfiles
-from rbln_device_plugin.host.hostio import HostIO, Stalled
+from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
@@ -393,12 +393,22 @@ class InstanceLock:
         holder = await self._io.call(str(lock.path), lock.holder)
         return "unknown" if isinstance(holder, Stalled) else holder
 
-    async def _intact(self, lock: _LockFile, fd: int) -> bool:
-        current = await self._io.call(str(lock.path), partial(lock.is_current, fd))
-        if isinstance(current, Stalled):
-            self._stalled(lock, current)
-            return True  # no evidence either way: the next check looks again
-        return current
+    async def _intact(self) -> list[bool]:
+        """Per lock: still the file at its path (one host-I/O hop for all of them)? A lock
+        not held, or a look that stalled (no evidence either way), counts as intact."""
+        held = [(lock, lock.fd) for lock in self._locks if lock.fd is not None]
+        looks = await self._io.map(
+            [Call(str(lock.path), partial(lock.is_current, fd)) for lock, fd in held]
+        )
+        current = dict(zip((id(lock) for lock, _ in held), looks, strict=True))
+        intact: list[bool] = []
+        for lock in self._locks:
+            look = current.get(id(lock), True)
+            if isinstance(look, Stalled):
+                self._stalled(lock, look)
+                look = True  # the next check looks again
+            intact.append(look)
+        return intact
 
     async def check(self, *, create: bool = True) -> bool:
         """Are both locks still ours? Lock a deleted or replaced file again where nobody
@@ -414,8 +424,8 @@ class InstanceLock:
     async def _check(self, create: bool) -> bool:
         if self.loss is not None:
             return False
-        for lock in self._locks:
-            if lock.fd is None or await self._intact(lock, lock.fd):
+        for lock, intact in zip(self._locks, await self._intact(), strict=True):
+            if intact:
                 continue
             try:
                 locked = await self._try_lock(lock, create=create)
