@@ -1,10 +1,10 @@
 """Catchable signals, handled as Go's runtime handles them, from the daemon's first line.
 
 ``entry`` installs this before any other module of the daemon is imported (the imports
-take about 0.2 s), so from then on no signal meets Python's defaults: a ``KeyboardInterrupt``
-traceback out of an import, or death by the default action with no record and the
-plugin sockets left behind. Only the interpreter's own start-up before that line (about
-20 ms) keeps them.
+take about 0.2 s), so from then on no signal meets Python's defaults: a
+``KeyboardInterrupt`` traceback out of an import, or death by the default action with no
+record and the plugin sockets left behind. Only the interpreter's own start-up before
+that line (about 30 ms) keeps them.
 
 What each catchable signal does, after Go's ``runtime/sigtab_linux_generic.go`` and the
 Go plugin's ``signal.Notify(SIGHUP, SIGINT, SIGTERM, SIGQUIT)``:
