@@ -77,15 +77,21 @@ async def launch(
     env: dict[str, str] | None = None,
     extra_args: Sequence[str] = (),
     umask: int = -1,
+    command: Sequence[str] | None = None,
 ) -> AsyncIterator[FaultHarness]:
-    """Like ``simnode.running``, with a hook that prepares the node before the daemon runs."""
+    """Like ``simnode.running``, with a hook that prepares the node before the daemon runs
+    (``command``: what runs the daemon, ``python -m rbln_device_plugin`` by default)."""
     root = short_tempdir()
     node = materialize(preset(layout) if isinstance(layout, str) else layout, root)
     kubelet = KubeletStub(node.kubelet_dir)
     await kubelet.start()
     if before_start is not None:
         before_start(node)
-    daemon = DaemonProcess([*node.daemon_args(interval), *extra_args], env=env, umask=umask)
+    args = [*node.daemon_args(interval), *extra_args]
+    if command is None:
+        daemon = DaemonProcess(args, env=env, umask=umask)
+    else:
+        daemon = DaemonProcess(args, env=env, umask=umask, command=command)
     harness = FaultHarness(node, kubelet, daemon, interval, env, tuple(extra_args))
     try:
         yield harness

@@ -201,6 +201,21 @@ def test_test_only_device_node_setting_takes_go_booleans_only(raw: str) -> None:
     assert resolve([], {"RBLN_TEST_FILE_DEVICE_NODES": "T"}).test_file_device_nodes is True
 
 
+@pytest.mark.parametrize("raw", [" true", "true ", "\ttrue", "true\n", " 1 ", "\u00a0T"])
+def test_booleans_take_no_surrounding_whitespace_as_go_parse_bool(raw: str) -> None:
+    for argv, env, origin in (
+        ([f"--test-file-device-nodes={raw}"], {}, "--test-file-device-nodes (command line)"),
+        ([], {"RBLN_TEST_FILE_DEVICE_NODES": raw}, "RBLN_TEST_FILE_DEVICE_NODES (environment"),
+        ([f"--metrics-otlp={raw}", "--otlp-endpoint=x:1"], {}, "--metrics-otlp (command line)"),
+        (["--otlp-endpoint=x:1"], {"METRICS_OTLP": raw}, "METRICS_OTLP (environment"),
+    ):
+        with pytest.raises(options.UsageError, match="not a boolean") as caught:
+            resolve(argv, env)
+        assert str(caught.value).startswith(origin)
+    # Without the whitespace the same word is a boolean.
+    assert resolve([f"--test-file-device-nodes={raw.strip()}"]).test_file_device_nodes is True
+
+
 @pytest.mark.parametrize(
     ("flag", "env", "value", "why"),
     [
@@ -231,8 +246,8 @@ def test_a_directory_named_with_dots_is_still_a_directory() -> None:
 
 @pytest.mark.parametrize(
     ("value", "problem"),
-    [("true", False), ("F", False), ("0", False), (" false ", False), ("maybe", True),
-     ("yes", True), ("", True)],
+    [("true", False), ("F", False), ("0", False), (" false ", True), ("false\n", True),
+     ("maybe", True), ("yes", True), ("", True)],
 )  # fmt: skip
 def test_operator_variable_that_is_not_a_boolean_is_named_and_ignored(
     value: str, problem: bool

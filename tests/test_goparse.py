@@ -1,7 +1,8 @@
-"""The daemon reads integers and durations exactly as the Go plugin does, checked against
-Go itself: a tiny Go program (``tests/goparse``, built once into a cache directory) runs
-``time.ParseDuration`` and ``strconv.ParseInt(s, 0, 64)`` on every generated string, and
-the daemon's parsers must give the same verdict and the same value."""
+"""The daemon reads integers, durations and booleans exactly as the Go plugin does, checked
+against Go itself: a tiny Go program (``tests/goparse``, built once into a cache directory)
+runs ``time.ParseDuration``, ``strconv.ParseInt(s, 0, 64)`` and ``strconv.ParseBool`` on
+every generated string, and the daemon's parsers must give the same verdict and the same
+value (booleans as a boolean setting's variable and flag read them)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rbln_device_plugin import options
 from rbln_device_plugin.durations import parse_duration_ns
 from rbln_device_plugin.goints import parse_go_int
 
@@ -88,16 +90,32 @@ def _ours_int(text: str) -> int | None:
         return None
 
 
+def _ours_bool(text: str, *, flag: bool) -> bool | None:
+    """A boolean setting as the daemon reads it: from its flag or from its variable."""
+    argv, environ = ([f"--test-file-device-nodes={text}"], {}) if flag else (
+        [], {"RBLN_TEST_FILE_DEVICE_NODES": text}
+    )  # fmt: skip
+    try:
+        return options.parse(argv, environ).test_file_device_nodes
+    except options.UsageError:
+        return None
+
+
 def _check(go: GoOracle, text: str) -> None:
     answer = go.ask(text)
     go_duration = answer["nanos"] if answer["durationOk"] else None
     assert _ours_duration(text) == go_duration, f"duration {text!r}: Go says {go_duration}"
     go_int = int(str(answer["int"])) if answer["intOk"] else None
     assert _ours_int(text) == go_int, f"integer {text!r}: Go says {go_int}"
+    go_bool = answer["bool"] if answer["boolOk"] else None
+    assert _ours_bool(text, flag=False) == go_bool, f"boolean variable {text!r}: Go says {go_bool}"
+    if "\x00" not in text:  # a command line cannot carry NUL
+        assert _ours_bool(text, flag=True) == go_bool, f"boolean flag {text!r}: Go says {go_bool}"
 
 
-# What either grammar is made of, plus look-alikes Go refuses (full-width digits, spaces).
+# What the grammars are made of, plus look-alikes Go refuses (full-width digits, spaces).
 _PIECES = st.sampled_from([
+    "true", "True", "TRUE", "tRUE", "false", "False", "FALSE", "t", "T", "yes", "on", "\n",
     *"0123456789", ".", "+", "-", "_", "x", "X", "o", "O", "b", "B", "a", "f", "F", "e",
     "ns", "us", "µs", "μs", "ms", "s", "m", "h", " ", "\t", "\uff15", "٣", "0x", "0o", "0b",
     "9223372036854775807", "9223372036854775808", "18446744073709551616", "000000000000001",
@@ -118,8 +136,14 @@ _INTEGER = st.tuples(
     st.sampled_from(["", "0", "0x", "0X", "0o", "0b"]),
     st.text("0123456789abcdefABCDEF_", min_size=0, max_size=24),
 ).map("".join)
+_BOOL = st.tuples(
+    st.sampled_from(["", " ", "\t", "\n", "\r", "\u00a0", "\u3000"]),
+    st.sampled_from(["1", "t", "T", "true", "TRUE", "True", "0", "f", "F", "false", "False"]),
+    st.sampled_from(["", " ", "\t", "\n", "\r\n", "\u00a0"]),
+).map("".join)
 _TEXT = st.one_of(
     st.lists(_PIECES, max_size=8).map("".join),
+    _BOOL,
     _DURATION,
     _INTEGER,
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=10),
@@ -140,7 +164,9 @@ def test_durations_and_integers_parse_exactly_as_go_parses_them(go: GoOracle, te
      "9223372036854775807", "9223372036854775808", "-9223372036854775808",
      "9223372036854775807ns", "9223372036854775808ns", "-9223372036854775808ns",
      "2562047h47m16.854775807s", "2562047h47m16.854775808s", "0.0000000001s",
-     "1.00000000000000000000000000001s", "3.6e3s", "1e3", "\uff18\uff10", "0x1F90", "1sm", "1ms5"],
+     "1.00000000000000000000000000001s", "3.6e3s", "1e3", "\uff18\uff10", "0x1F90", "1sm", "1ms5",
+     "true", "True", "TRUE", "tRUE", "t", "T", "1", "false", "F", "0", " true", "true ",
+     "\ttrue", "false\n", " 0 ", "\u00a0T", "yes", "on"],
 )  # fmt: skip
 def test_edge_cases_match_go(go: GoOracle, text: str) -> None:
     _check(go, text)

@@ -33,6 +33,7 @@ TIERS: tuple[frozenset[str], ...] = (
             "goints",
             "processtweaks",
             "shorten",
+            "signalcatch",
             "waits",
         }
     ),
@@ -45,6 +46,7 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"kubelet", "inspect"}),
     frozenset({"runtime"}),
     frozenset({"cli"}),
+    frozenset({"entry"}),  # the signal catcher first, then cli
     frozenset({"__main__"}),
 )
 TIER_OF: Mapping[str, int] = {layer: rank for rank, tier in enumerate(TIERS) for layer in tier}
@@ -281,7 +283,7 @@ def test_runtime_wheel_holds_the_daemon_and_nothing_of_the_simulator(tmp_path: P
     }
     assert code == expected | {f"{DAEMON}/_version.py"}
     assert not [n for n in names if "sim" in n.lower().replace("simple", "")]
-    assert "rbln-device-plugin = rbln_device_plugin.cli:main" in scripts
+    assert "rbln-device-plugin = rbln_device_plugin.entry:main" in scripts
     assert "rbln-device-plugin-sim" not in scripts
     print(f"runtime wheel: {len(code)} files, {sum(1 for n in code if n.endswith('.py'))} modules")
 

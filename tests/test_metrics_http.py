@@ -75,6 +75,73 @@ async def test_bare_lf_line_ends_are_accepted(endpoint: object) -> None:
     assert status == 200 and body.decode() == BODY
 
 
+@pytest.mark.parametrize(
+    "version", [b"HTTP/9.9", b"HTTP/2.0", b"HTTP/0.9", b"HTTP/3.0"], ids=lambda v: v.decode()
+)
+async def test_an_http_version_other_than_1_x_gets_505(endpoint: object, version: bytes) -> None:
+    # As Go's net/http: only major version 1 is served (RFC 9110 section 15.6.6).
+    raw = b"GET /metrics " + version + b"\r\nHost: x\r\n\r\n"
+    status, headers, body = await exchange(port_of(endpoint), raw)
+    assert status == 505, body
+    assert body == b"unsupported protocol version\n" and headers["connection"] == "close"
+
+
+async def test_any_http_1_minor_version_is_served(endpoint: object) -> None:
+    # Go's net/http serves HTTP/1.x whatever x is; so does the endpoint.
+    status, _, body = await exchange(port_of(endpoint), b"GET /metrics HTTP/1.9\r\nHost: x\r\n\r\n")
+    assert status == 200 and body.decode() == BODY
+
+
+@pytest.mark.parametrize(
+    "prefix", [b"\r\n", b"\n", b"\r\n\r\n\n", b"\r\n" * 100], ids=["crlf", "lf", "mixed", "100"]
+)
+async def test_empty_lines_before_the_request_line_are_ignored(
+    endpoint: object, prefix: bytes
+) -> None:
+    # RFC 9112 section 2.2: a server SHOULD ignore at least one empty line before it.
+    raw = prefix + b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    status, _, body = await exchange(port_of(endpoint), raw)
+    assert status == 200 and body.decode() == BODY
+
+
+async def test_empty_lines_split_across_reads_are_ignored(endpoint: object) -> None:
+    # The CR of an empty line in one packet, its LF and the request in the next.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port_of(endpoint))
+    try:
+        writer.write(b"\r\n\r")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # most likely two reads (a unit test pins every split)
+        writer.write(b"\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(BODY.encode())
+
+
+@pytest.mark.parametrize("cut", range(1, 8))
+def test_empty_lines_are_dropped_wherever_the_reads_split_them(cut: int) -> None:
+    raw = b"\r\n\n\r\nGET / HTTP/1.1\r\n"
+    empty_lines = metrics_http.LeadingEmptyLines()
+    assert empty_lines.feed(raw[:cut]) + empty_lines.feed(raw[cut:]) == b"GET / HTTP/1.1\r\n"
+    assert empty_lines.feed(b"\r\n") == b"\r\n"  # after the request line: passed on
+
+
+async def test_empty_lines_count_toward_the_head_limit(endpoint: object) -> None:
+    # Ignored, not free: a flood of them is a head over 8 KiB like any other.
+    status, _, _ = await exchange(port_of(endpoint), b"\r\n" * 5000)
+    assert status == 431
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    status, _, _ = await exchange(port_of(endpoint), b"\r\n" * 4000 + request)  # 8,036 bytes
+    assert status == 200
+    status, _, _ = await exchange(port_of(endpoint), b"\r\n" * 4100 + request)  # 8,236 bytes
+    assert status == 431
+
+
+async def test_a_lone_cr_before_the_request_line_is_not_an_empty_line(endpoint: object) -> None:
+    status, _, _ = await exchange(port_of(endpoint), b"\rGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 400
+
+
 async def test_a_bare_lf_request_without_host_is_refused_at_once(endpoint: object) -> None:
     # Before: no answer until the 10 s request deadline. Now: 400 (RFC 9112 section 3.2).
     began = time.monotonic()

@@ -11,15 +11,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
+import grpc
 import pytest
 import pytest_asyncio
 
+from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.kubelet.plugin import socket_name
 from rbln_device_plugin_sim.layout import Layout, SimDevice, preset
 
 from .inprocess import InProcess, running
 
 NPU = "rebellions.ai/npu"
 ALL = [f"rbln{i}" for i in range(7)]
+MAX_PREFERRED_CONTAINERS = 8  # per GetPreferredAllocation call, as docs/allocation.md says
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -134,3 +138,49 @@ async def test_bad_requests_fall_back_to_the_kubelet_with_a_warning(
     # Shortcuts: exactly the must-include devices; exactly everything available.
     assert await h.kubelet.preferred(NPU, ALL, ["rbln5", "rbln3"], 2) == ["rbln5", "rbln3"]
     assert await h.kubelet.preferred(NPU, ["rbln4", "rbln1"], [], 2) == ["rbln1", "rbln4"]
+
+
+async def _call(h: InProcess, containers: int) -> api_pb2.PreferredAllocationResponse:
+    """One GetPreferredAllocation with ``containers`` container requests (choose 2 of all),
+    straight on the plugin's socket: the kubelet stub, like the kubelet, sends one."""
+    target = f"unix:{h.config.kubelet_dir / socket_name(NPU)}"
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=ALL, allocation_size=2)
+            for _ in range(containers)
+        ]
+    )
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = api_pb2_grpc.DevicePluginStub(channel)
+        return await stub.GetPreferredAllocation(request, timeout=60)
+
+
+def _searched(h: InProcess) -> int:
+    """Container requests the daemon worked on: each ends in one of these records."""
+    return len(h.daemon.find("Selected preferred allocation")) + len(
+        h.daemon.find("Preferred allocation fallback to kubelet")
+    )
+
+
+async def test_a_call_with_thousands_of_container_requests_is_refused_before_any_search(
+    readme_node: InProcess,
+) -> None:
+    h = readme_node
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _call(h, 2000)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == (
+        f"{NPU}: GetPreferredAllocation carries 2000 container requests; "
+        f"at most {MAX_PREFERRED_CONTAINERS} per call (the kubelet sends one)"
+    )
+    (record,) = await h.daemon.await_log("Preferred allocation request refused")
+    assert record["level"] == "warn" and record["containerCount"] == 2000
+    # Up to the cap every container is answered, each with a search of its own.
+    answer = await _call(h, MAX_PREFERRED_CONTAINERS)
+    assert [list(c.deviceIDs) for c in answer.container_responses] == [
+        ["rbln0", "rbln2"]
+    ] * MAX_PREFERRED_CONTAINERS
+    # Records come in order: these eight follow any the refused call could have written.
+    await h.daemon.await_log("Selected preferred allocation", count=MAX_PREFERRED_CONTAINERS)
+    assert _searched(h) == MAX_PREFERRED_CONTAINERS  # not one of the 2,000 searches ran
+    assert await h.kubelet.preferred(NPU, ALL, [], 2) == ["rbln0", "rbln2"]

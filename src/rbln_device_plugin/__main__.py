@@ -1,5 +1,5 @@
 """``python -m rbln_device_plugin``."""
 
-from rbln_device_plugin.cli import main
+from rbln_device_plugin.entry import main
 
 raise SystemExit(main())

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from rbln_device_plugin import processtweaks
+from rbln_device_plugin import processtweaks, signalcatch
 
 # Before asyncio is imported by anything below (see processtweaks).
 processtweaks.keep_out_unused_modules()
@@ -38,9 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Records are written by a background thread: let the last ones out (bounded,
         # so a blocked stdout cannot hold the exit).
         logs.flush()
-    from rbln_device_plugin.runtime import signals
-
-    if signals.installed():
+    if signalcatch.installed():
         # No interpreter finalisation: it would put the signals back to their defaults.
         processtweaks.exit_now(code)
     return code
@@ -51,7 +49,8 @@ def _main(args: Sequence[str]) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logs.install(os.environ)
     # Before the first record: from here on a shutdown signal is always an orderly stop,
-    # a second one the forced exit (see runtime.signals; imports no gRPC).
+    # a second one the forced exit (see runtime.signals; imports no gRPC). One caught
+    # since the start (signalcatch, installed by entry) is handled now.
     from rbln_device_plugin.runtime import signals
 
     signals.install()

@@ -14,20 +14,17 @@ from pathlib import Path
 from typing import Any, Final
 
 from rbln_device_plugin.durations import format_duration, parse_duration
-from rbln_device_plugin.goints import parse_go_int
+from rbln_device_plugin.goints import GO_FALSE, GO_TRUE, parse_go_bool, parse_go_int
 from rbln_device_plugin.model import resources
 
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
-# strconv.ParseBool's spellings: how Go programs (and the operator) write booleans.
-_GO_FALSE: Final = frozenset({"0", "f", "F", "false", "FALSE", "False"})
-_GO_TRUE: Final = frozenset({"1", "t", "T", "true", "TRUE", "True"})
 
 
 def legacy_names_requested(environ: Mapping[str, str]) -> str | None:
     """IGNORED_ENV's value when it asks for the old per-product resource names (gone)."""
     raw = environ.get(IGNORED_ENV)
-    return raw if raw is not None and raw.strip() in _GO_FALSE else None
+    return raw if raw is not None and raw in GO_FALSE else None
 
 
 def ignored_env_problem(environ: Mapping[str, str]) -> str | None:
@@ -36,7 +33,7 @@ def ignored_env_problem(environ: Mapping[str, str]) -> str | None:
     The variable changes nothing, so a bad value is worth a warning, not a refusal.
     """
     raw = environ.get(IGNORED_ENV)
-    if raw is None or raw.strip() in _GO_FALSE | _GO_TRUE:
+    if raw is None or raw in GO_TRUE | GO_FALSE:  # strconv.ParseBool's spellings, exactly
         return None
     return f"{IGNORED_ENV} (environment): {raw!r} is not a boolean (true or false); ignored"
 
@@ -196,12 +193,11 @@ def _text(raw: str) -> str:
 
 
 def _bool(raw: str) -> bool:
-    text = raw.strip()
-    if text in _GO_TRUE:
-        return True
-    if text in _GO_FALSE:
-        return False
-    raise ConfigError(f"{raw!r} is not a boolean (true or false)")
+    # Exactly as Go's strconv.ParseBool: no space around the word (" true" is refused).
+    try:
+        return parse_go_bool(raw)
+    except ValueError:
+        raise ConfigError(f"{raw!r} is not a boolean (true or false)") from None
 
 
 def _choice(raw: str, choices: tuple[str, ...], refusal: ValueError) -> str:

@@ -1,10 +1,12 @@
-"""Go's ``strconv.ParseInt(s, 0, 64)``: how the Go plugin reads every integer setting.
+"""Go's ``strconv.ParseInt(s, 0, 64)`` and ``strconv.ParseBool``: how the Go plugin reads
+every integer and boolean setting.
 
 urfave/cli and Go's flag package read integer flags and variables with it, so the same
 text means the same number here: an optional sign, a base prefix (``0x``, ``0o``, ``0b``,
 or a bare leading ``0`` for octal), ``_`` between digits, and nothing else. Python's
 ``int()`` would also take spaces, full-width digits (U+FF10 to U+FF19) and ``1__0``, which the Go
-plugin refuses.
+plugin refuses. ``ParseBool`` takes twelve spellings exactly, with no space around them
+(`` true`` is an error in Go, so it is one here).
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
 _PREFIX_BASES: Final = {"b": 2, "o": 8, "x": 16}
 _DIGITS: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
+GO_TRUE: Final = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+GO_FALSE: Final = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+
+
+def parse_go_bool(text: str) -> bool:
+    """The value Go's ``strconv.ParseBool`` gives ``text``; ValueError where Go fails."""
+    if text in GO_TRUE:
+        return True
+    if text in GO_FALSE:
+        return False
+    raise ValueError(f"{text!r} is not a boolean")
 
 
 def parse_go_int(text: str) -> int:

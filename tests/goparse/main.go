@@ -1,6 +1,6 @@
 // Command goparse answers, for each JSON string read from stdin (one per line), what
-// Go's time.ParseDuration and strconv.ParseInt(s, 0, 64) make of it: the oracle the
-// daemon's own parsers are held to (tests/test_goparse.py).
+// Go's time.ParseDuration, strconv.ParseInt(s, 0, 64) and strconv.ParseBool make of
+// it: the oracle the daemon's own parsers are held to (tests/test_goparse.py).
 package main
 
 import (
@@ -16,6 +16,8 @@ type verdict struct {
 	Nanos      int64  `json:"nanos"`
 	IntOK      bool   `json:"intOk"`
 	Int        string `json:"int"`
+	BoolOK     bool   `json:"boolOk"`
+	Bool       bool   `json:"bool"`
 }
 
 func main() {
@@ -34,6 +36,9 @@ func main() {
 		}
 		if n, err := strconv.ParseInt(text, 0, 64); err == nil {
 			answer.IntOK, answer.Int = true, strconv.FormatInt(n, 10)
+		}
+		if b, err := strconv.ParseBool(text); err == nil {
+			answer.BoolOK, answer.Bool = true, b
 		}
 		if err := encoder.Encode(answer); err != nil {
 			panic(err)

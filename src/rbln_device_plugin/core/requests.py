@@ -18,6 +18,10 @@ from rbln_device_plugin.telemetry import metrics as m
 
 SHOWN_IDS: Final = 8
 SHOWN_ID_CHARS: Final = 64
+# Container requests one GetPreferredAllocation may carry. The kubelet sends one per call
+# (its device manager asks container by container); each runs a search of its own, so
+# without a cap one call could keep a worker busy for seconds (2,000 took 9 s).
+MAX_PREFERRED_CONTAINERS: Final = 8
 
 # The requested devices as the final status check saw them, by device ID.
 Snapshot = Mapping[str, Device]
@@ -64,6 +68,17 @@ def shown_ids(ids: Sequence[str]) -> str:
     shown = [shown_id(i) for i in ids]
     text = ", ".join(repr(i) for i in shown[:SHOWN_IDS])
     return text + (f" and {len(ids) - SHOWN_IDS} more" if len(ids) > SHOWN_IDS else "")
+
+
+def preferred_request_problem(resource: str, containers: int) -> str | None:
+    """Why a GetPreferredAllocation with ``containers`` container requests is refused
+    before any search, or None."""
+    if containers <= MAX_PREFERRED_CONTAINERS:
+        return None
+    return (
+        f"{resource}: GetPreferredAllocation carries {containers} container requests; "
+        f"at most {MAX_PREFERRED_CONTAINERS} per call (the kubelet sends one)"
+    )
 
 
 def validate_request(

@@ -20,6 +20,7 @@ import grpc
 from rbln_device_plugin import processtweaks
 from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.core.devicestate import DeviceState
+from rbln_device_plugin.core.requests import MAX_PREFERRED_CONTAINERS, preferred_request_problem
 from rbln_device_plugin.kubelet.allocate import Allocator
 from rbln_device_plugin.kubelet.events import Events, PluginRef, RescanWanted, StreamLost
 from rbln_device_plugin.kubelet.services import SharedServices
@@ -120,6 +121,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         request: api_pb2.PreferredAllocationRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> api_pb2.PreferredAllocationResponse:
+        problem = preferred_request_problem(self.resource, len(request.container_requests))
+        if problem is not None:
+            # Not the kubelet (it asks one container at a time): refuse the whole call
+            # before any search, so its work stays that of a few searches.
+            log.warning(
+                "Preferred allocation request refused",
+                resourceName=self.resource,
+                containerCount=len(request.container_requests),
+                maxContainers=MAX_PREFERRED_CONTAINERS,
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         response = api_pb2.PreferredAllocationResponse()
         for container in request.container_requests:
             ids = await _preferred().choose(

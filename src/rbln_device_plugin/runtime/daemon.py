@@ -25,9 +25,9 @@ Without tracing and with stdout drained, the exit comes within 5 s of the signal
 README's promise). A host read that never returns holds nothing: it runs on a daemon
 thread that is never joined. A second signal during all this exits at once with
 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), skipping what is left.
-Signals are handled on a thread of their own from before the first record until the
-process ends (see ``signals``): one that arrives before this loop exists stops it the
-moment it starts.
+Signals are handled on a thread of their own from the daemon's first line until the
+process ends (see ``signalcatch`` and ``signals``): one that arrives before this loop
+exists stops it the moment it starts.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Shutdown signals, handled from before the first record until the process ends.
 
-A signal handler that runs Python code on the main thread interrupts whatever that
-thread was doing, possibly inside the log queue's lock, and runs only when the main
-thread next executes bytecode. So no Python handler does anything here: the C-level
-handler writes the signal's number to a wakeup socket (``signal.set_wakeup_fd``), and a
-thread of its own reads it at once, whatever the main thread is doing:
+``signalcatch`` catches them (and the signals Go ignores) from the daemon's first line;
+this is the consumer it passes each shutdown signal to once the logger exists, on the
+catcher's own thread, whatever the main thread is doing:
 
-- the first SIGTERM, SIGINT, SIGHUP or SIGQUIT: one record ``Shutdown signal received``
-  and the daemon's stop event set (on its loop, thread-safely). Before the loop exists
-  it is remembered, and the loop stops the moment it attaches: an orderly exit 0;
+- the first SIGTERM, SIGINT, SIGHUP or SIGQUIT (also one that came before the logger, held
+  until now): one record ``Shutdown signal received`` and the daemon's stop event set
+  (on its loop, thread-safely). Before the loop exists it is remembered, and the loop
+  stops the moment it attaches: an orderly exit 0;
 - any later one: the forced exit, ``128 +`` the signal's number, after one record
   ``Second shutdown signal received; exiting at once`` with its bounded flush. This
   thread is never the one holding the log queue's lock, so the record is not dropped.
@@ -23,15 +22,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import threading
 from typing import Final
 
+from rbln_device_plugin import signalcatch
 from rbln_device_plugin.telemetry import logs
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import call_soon_threadsafe
 
-SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # The last record before a forced exit gets this long to reach stdout.
 IMMEDIATE_EXIT_FLUSH_S: Final = 1.0
 RECEIVED_MSG: Final = "Shutdown signal received"
@@ -40,26 +38,17 @@ FORCED_EXIT_MSG: Final = "Second shutdown signal received; exiting at once"
 log = get_logger()
 
 
-def _ignore(_signum: int, _frame: object) -> None:
-    """The Python-level handler: the work happens on the signal thread (see above)."""
-
-
 class ShutdownSignals:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.first: signal.Signals | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._reader, self._writer = socket.socketpair()
-        self._writer.setblocking(False)
-        self._thread = threading.Thread(target=self._run, name="shutdown-signals", daemon=True)
 
     def install(self) -> None:
-        """From the main thread: route every shutdown signal to this object, for good."""
-        self._thread.start()
-        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        for sig in SHUTDOWN_SIGNALS:
-            signal.signal(sig, _ignore)
+        """From the main thread: every shutdown signal to this object, for good (the
+        catcher is installed now unless ``entry`` did it at the start)."""
+        signalcatch.install().consume(self._received)
 
     def attach(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
         """The running daemon's loop and stop event; set at once if a signal came first."""
@@ -72,23 +61,12 @@ class ShutdownSignals:
         with self._lock:
             self._loop = self._stop = None
 
-    def _run(self) -> None:
-        while True:
-            try:
-                data = self._reader.recv(64)
-            except InterruptedError:
-                continue
-            except OSError:
-                return
-            for signum in data:
-                self._received(signum)
-
     def _received(self, signum: int) -> None:
         try:
             sig = signal.Signals(signum)
         except ValueError:
             return
-        if sig not in SHUTDOWN_SIGNALS:
+        if sig not in signalcatch.SHUTDOWN:
             return
         with self._lock:
             second = self.first is not None
@@ -110,10 +88,6 @@ class ShutdownSignals:
 
 
 _installed: ShutdownSignals | None = None
-
-
-def installed() -> bool:
-    return _installed is not None
 
 
 def install() -> ShutdownSignals:

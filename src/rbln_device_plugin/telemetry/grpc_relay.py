@@ -171,5 +171,23 @@ def install() -> CoreLogRelay | None:
     sys.stderr = open(  # noqa: SIM115 - lives as long as the process
         real_stderr, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
     )
-    faulthandler.enable(file=sys.stderr)
+    _enable_fault_handler()
     return CoreLogRelay(read_fd, real_stderr)
+
+
+def _enable_fault_handler() -> None:
+    """Python's fault handler on the real stderr, enabled from a thread that then ends.
+
+    ``faulthandler.enable`` gives the thread that calls it an alternate signal stack of a
+    few KiB, and every Python signal handler runs on it (``SA_ONSTACK``). Signals that
+    arrive together are delivered nested, one frame each: on the main thread six of
+    them overflowed that stack into the heap (a burst of the signals the daemon ignores,
+    see ``signalcatch``, killed it with SIGSEGV or a heap-corruption abort). Enabled
+    from a thread of its own, no live thread keeps that stack, so every handler runs on
+    its thread's own stack; a fatal signal still prints every thread's Python stack.
+    """
+    thread = threading.Thread(
+        target=faulthandler.enable, kwargs={"file": sys.stderr}, name="faulthandler"
+    )
+    thread.start()
+    thread.join()

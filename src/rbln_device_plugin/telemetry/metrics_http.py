@@ -11,10 +11,13 @@ a real scraper out. The exposition is rendered on the endpoint's own daemon thre
 render at a time; concurrent scrapes share it; never joined, so a stuck render cannot
 hold the exit), so the loop that serves the kubelet and the health probe only moves bytes.
 
-What the RFCs give: bare LF line ends are accepted (RFC 9112 section 2.2), a head over
-``MAX_HEAD_BYTES`` gets ``431`` (RFC 6585), anything ``h11`` cannot parse ``400`` (a
-missing ``Host`` too, RFC 9112 section 3.2), a method of RFC 9110 other than GET and HEAD
-``405`` with ``Allow``, a method nobody defined ``501``; ``HEAD`` gets GET's headers only.
+What the RFCs give: bare LF line ends are accepted and empty lines before the request
+line ignored (RFC 9112 section 2.2), a head over ``MAX_HEAD_BYTES`` (those empty lines
+included) gets ``431`` (RFC 6585), anything ``h11`` cannot parse ``400`` (a missing
+``Host`` too, RFC 9112 section 3.2), an HTTP version whose major number is not 1 ``505``
+(as Go's net/http answers ``HTTP/0.9`` and ``HTTP/2.0``; ``HTTP/1.x`` is served), a method
+of RFC 9110 other than GET and HEAD ``405`` with ``Allow``, a method nobody defined
+``501``; ``HEAD`` gets GET's headers only.
 
 A taken port is not fatal: :meth:`MetricsEndpoint.start` then binds again every
 ``RETRY_S`` in the background (one warn record; ``Started metrics endpoint`` when it
@@ -166,6 +169,8 @@ class MetricsEndpoint:
             self._open.discard(writer)
 
     async def _answer(self, request: h11.Request) -> Answer:
+        if not supported_version(bytes(request.http_version)):
+            return _plain(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "unsupported protocol version\n")
         method = bytes(request.method)
         if method not in ALLOWED:
             if method in KNOWN_METHODS:
@@ -200,22 +205,63 @@ class MetricsEndpoint:
             done.exception()  # retrieved: a failed render is logged by each waiting scrape
 
 
+def supported_version(http_version: bytes) -> bool:
+    """HTTP/1.x, the only major version served (``h11`` gives ``b"<digit>.<digit>"``)."""
+    return http_version.startswith(b"1.")
+
+
+class LeadingEmptyLines:
+    """Drops the empty lines (CRLF or a bare LF) before a request line, as RFC 9112
+    section 2.2 asks a server to (``h11`` refuses them), and passes everything from the
+    request line's first byte on. A CR that ends one read waits for the next one."""
+
+    def __init__(self) -> None:
+        self._started = False
+        self._pending = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if self._started:
+            return data
+        data, self._pending = self._pending + data, b""
+        at = 0
+        while True:
+            if data[at : at + 1] == b"\n":
+                at += 1
+            elif data[at : at + 2] == b"\r\n":
+                at += 2
+            else:
+                break
+        rest = data[at:]
+        if rest == b"\r":  # maybe the first half of an empty line
+            self._pending = rest
+            return b""
+        self._started = bool(rest)
+        return rest
+
+
 async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Request | None:
     """The request head (a body, if any, is never read: the answer closes); None on EOF.
 
-    ``h11`` refuses an incomplete head over its limit; one that arrives whole in a single
-    read it would take. So it is fed at most one byte past the limit: a head that long is
-    never complete in its buffer, and gets the 431.
+    ``h11`` refuses an incomplete head over its limit, but one that arrives whole in a
+    single read it would take; and it never sees the empty lines dropped before the
+    request line. So the head is read up to one byte past the limit, those lines
+    included, and a head not complete by then gets the 431.
     """
     fed = 0
+    empty_lines = LeadingEmptyLines()
     while True:
         event = conn.next_event()
         if isinstance(event, h11.Request):
             return event
         if event is h11.NEED_DATA:
-            data = await reader.read(max(1, min(READ_CHUNK, MAX_HEAD_BYTES + 1 - fed)))
+            if fed > MAX_HEAD_BYTES:
+                raise h11.RemoteProtocolError("request head too large", 431)
+            data = await reader.read(min(READ_CHUNK, MAX_HEAD_BYTES + 1 - fed))
             fed += len(data)
-            conn.receive_data(data)
+            if not data:
+                conn.receive_data(b"")  # the peer's EOF
+            elif rest := empty_lines.feed(data):
+                conn.receive_data(rest)  # never b"" here: to h11 that means EOF
             continue
         if isinstance(event, h11.ConnectionClosed):
             return None
