@@ -175,6 +175,14 @@ def test_a_dash_value_is_taken_by_any_value_flag() -> None:
     assert resolve(["--healthcheck-port", "-1"]).healthcheck_port == -1
 
 
+def test_a_value_that_is_exactly_two_dashes_is_that_text_as_in_go() -> None:
+    # argparse drops "--" from "--flag=--" and leaves a list: the daemon crashed on it.
+    assert resolve(["--node-name=--"]).node_name == "--"
+    for flag in ("--test-file-device-nodes", "--device-scan-interval", "--cdi-root"):
+        with pytest.raises(options.UsageError, match=f"{flag} .*'--'"):
+            resolve([f"{flag}=--"])
+
+
 def test_a_missing_value_is_still_a_usage_error() -> None:
     with pytest.raises(options.UsageError, match="expected one argument"):
         resolve(["--device-scan-interval", "--cdi-root", "/x"])

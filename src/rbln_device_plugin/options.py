@@ -126,7 +126,13 @@ def attach_dash_values(argv: Sequence[str], value_flags: frozenset[str]) -> list
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse ``argv`` with Go's rule for values that start with "-" (see above)."""
-    return parser.parse_args(attach_dash_values(argv, processtweaks.value_flags(parser)))
+    namespace = parser.parse_args(attach_dash_values(argv, processtweaks.value_flags(parser)))
+    for name, value in vars(namespace).items():
+        # argparse drops a value that is exactly "--" (``--cdi-root=--``) and leaves an
+        # empty list; Go's flag package keeps the text. Every value flag here takes one word.
+        if value == []:
+            setattr(namespace, name, "--")
+    return namespace
 
 
 def config_from_namespace(
