@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -352,6 +353,12 @@ def test_long_rbln_smi_error_output_keeps_the_message_bounded(hostile: Hostile) 
 def _outside(h: Hostile, event: str, path: str) -> bool:
     full = os.path.normpath(os.path.join(str(h.node.root), path))
     if full == "/dev/null":
+        return False
+    if event == "open" and re.fullmatch(r"/proc/self/fd/[0-9]+", full):
+        # A file reopened through the descriptor its type was checked on (O_PATH first,
+        # see host/ownfiles.py and host/cdientry.py): the descriptor's own file, opened
+        # under a root a moment before and checked there; the final listing of the
+        # daemon's descriptors below still sees where every one of them points.
         return False
     if event == "os.listdir" and full in (os.getcwd(), *(os.path.realpath(p) for p in sys.path)):
         # The import system lists each sys.path entry once to fill its cache: the working
