@@ -151,6 +151,84 @@ def test_alias_bombs_stop_at_the_budget() -> None:
         parse_spec(text)
 
 
+# ---------------------------------------------------------------- the issue's cases
+# Each case of issue 49 with the verdict the CDI library containerd 2.4.2 uses gives
+# (test_cdi_library.py checks each against the library itself): (label, file name, text,
+# "usable" | "malformed" | "unchecked").
+def _spec(edits: str, version: str = "0.7.0", extra: str = "") -> str:
+    return (
+        f"cdiVersion: {version}\nkind: rebellions.ai/npu\n{extra}devices:\n"
+        f"  - name: runtime\n    containerEdits:\n{edits}"
+    )
+
+
+_NODE = "      deviceNodes:\n        - path: /dev/rsd0\n"
+_MOUNT = "      mounts:\n        - hostPath: /a\n          containerPath: /b\n"
+_HOOK = "      hooks:\n        - hookName: createContainer\n          path: /bin/hook\n"
+ISSUE_CASES: list[tuple[str, str, str, str]] = [
+    ("duplicate-key", "a.yaml", _NODE + "          permissions: rw\n          permissions: r\n",
+     "malformed"),
+    ("duplicate-top-key", "a.yaml", _NODE, "malformed"),
+    ("duplicate-json-key", "a.json",
+     '{"cdiVersion": "0.5.0", "kind": "rebellions.ai/npu", "kind": "rebellions.ai/npu", '
+     '"devices": [{"name": "runtime", "containerEdits": {"env": ["A=1"]}}]}', "malformed"),
+    ("unknown-in-deviceNodes", "a.yaml", _NODE + "          bogus: 1\n", "malformed"),
+    ("unknown-in-mounts", "a.yaml", _MOUNT + "          readOnly: true\n", "malformed"),
+    ("unknown-in-hooks", "a.yaml", _HOOK + "          timeoutSeconds: 5\n", "malformed"),
+    ("unknown-in-intelRdt", "a.yaml", "      intelRdt: {closID: a, bogus: 1}\n", "malformed"),
+    ("options-ro", "a.yaml", _MOUNT + "          options: ro\n", "malformed"),
+    ("major-text", "a.yaml", _NODE + '          major: "236"\n', "malformed"),
+    ("fileMode-text", "a.yaml", _NODE + '          fileMode: "0666"\n', "malformed"),
+    ("fileMode-octal", "a.yaml", _NODE + "          fileMode: 0666\n", "usable"),
+    ("negative-gid", "a.yaml", "      additionalGids: [-1]\n", "malformed"),
+    ("timeout-text", "a.yaml", _HOOK + '          timeout: "5"\n', "malformed"),
+    ("netDevices-1.0.0", "a.yaml",
+     "      netDevices: [{hostInterfaceName: eth0, name: net0}]\n",
+     "malformed"),
+    ("netDevices-1.1.0", "a.yaml",
+     "      netDevices: [{hostInterfaceName: eth0, name: net0}]\n", "usable"),
+    ("closID-slash", "a.yaml", "      intelRdt: {closID: a/b}\n", "malformed"),
+    ("closID-dotdot", "a.yaml", '      intelRdt: {closID: ".."}\n', "malformed"),
+    ("version-1.0.0", "a.yaml", _NODE, "usable"),
+    ("version-1.1.0", "a.yaml", _NODE, "usable"),
+    ("version-v1.1.0", "a.yaml", _NODE, "usable"),
+    ("version-newer", "a.yaml", _NODE, "unchecked"),
+    ("version-newer-new-field", "a.yaml", _NODE + "          futureField: 1\n", "unchecked"),
+    ("capitalised-key", "a.yaml", _NODE.replace("path:", "Path:"), "malformed"),
+    ("multi-document", "a.yaml", _NODE + "---\nanother: document\n", "usable"),
+    ("numbers-as-strings", "a.yaml",
+     "      env: [A=1]\n      hooks: [{hookName: prestart, path: 5, args: [--n, 5, 1.5]}]\n",
+     "usable"),
+    ("null-deviceNode", "a.yaml", _NODE + "        - null\n", "malformed"),
+    ("json-slash-escape", "a.json",
+     '{"cdiVersion": "0.5.0", "kind": "rebellions.ai/npu", '
+     '"devices": [{"name": "runtime", "containerEdits": {"env": ["A=\\/x"]}}]}', "malformed"),
+]  # fmt: skip
+_VERSIONS = {"netDevices-1.0.0": "1.0.0", "netDevices-1.1.0": "1.1.0", "version-1.0.0": "1.0.0",
+             "version-1.1.0": "1.1.0", "version-v1.1.0": "v1.1.0", "version-newer": "1.2.0",
+             "version-newer-new-field": "1.2.0"}  # fmt: skip
+_EXTRA = {"duplicate-top-key": "kind: rebellions.ai/npu\n"}
+ISSUE_CASES = [
+    (label, name, text if name.endswith(".json") else
+     _spec(text, _VERSIONS.get(label, "0.7.0"), _EXTRA.get(label, "")), verdict)
+    for label, name, text, verdict in ISSUE_CASES
+]  # fmt: skip
+
+
+def _verdict(data: bytes, json_format: bool) -> str:
+    try:
+        parse_spec(data, json_format=json_format) if json_format else parse_spec(data)
+    except SpecError as exc:
+        return "unchecked" if type(exc).__name__ == "SpecUnchecked" else "malformed"
+    return "usable"
+
+
+@pytest.mark.parametrize("case", ISSUE_CASES, ids=[case[0] for case in ISSUE_CASES])
+def test_each_case_of_the_issue_gets_the_library_verdict(case: tuple[str, str, str, str]) -> None:
+    _label, name, text, expected = case
+    assert _verdict(text.encode(), name.endswith(".json")) == expected, text
+
+
 # ---------------------------------------------------------------- precedence
 def usable(path: str, *devices: str) -> cdispec.SpecFile:
     return cdispec.SpecFile(path, FileState.USABLE, cdispec.Spec("rebellions.ai/npu",
@@ -316,3 +394,19 @@ async def test_a_hung_spec_directory_is_cannot_tell_within_the_host_io_bound(
             break
         await asyncio.sleep(0.05)
     assert verdict.state is CdiState.PRESENT
+
+
+def test_a_file_the_library_panics_on_leaves_no_device_resolved(tmp_path: Path) -> None:
+    # The library dereferences a null deviceNodes entry: containerd's refresh (at start
+    # and at every change) panics, so not even another file's good definition resolves.
+    good = cdispec.check_spec_file(f"{tmp_path}/rbln.yaml", GOOD.encode())
+    crashing = cdispec.check_spec_file(
+        f"{tmp_path}/other.yaml",
+        b"cdiVersion: 0.3.0\nkind: other.com/x\ndevices:\n- name: a\n"
+        b"  containerEdits: {deviceNodes: [null]}\n",
+    )
+    assert good.state is FileState.USABLE
+    assert crashing.state is FileState.MALFORMED and crashing.panics
+    assert "containerd crashes" in crashing.reason
+    verdict = resolve_cdi_devices([cdispec.SpecDir(str(tmp_path), (good, crashing))])
+    assert verdict.state is CdiState.MISSING and verdict.missing == (RUNTIME,)

@@ -291,6 +291,14 @@ class _Decoder:
 
     def alias(self, node: Node, typ: _Type, current: Any) -> tuple[bool, Any]:
         assert node.alias is not None
+        if node.alias.live:
+            # An alias inside the node it names: go-yaml decodes that node again inside
+            # itself and meets this alias again ("contains itself"), unless a type error
+            # stops it first; either way the file fails.
+            raise SpecError(
+                f"yaml: anchor '{node.value[:64]}' value contains itself (an alias inside "
+                "the node it names)"
+            )
         if id(node) in self.in_alias:
             raise SpecError(f"yaml: anchor '{node.value[:64]}' value contains itself")
         self.in_alias.add(id(node))

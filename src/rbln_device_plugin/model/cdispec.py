@@ -208,13 +208,14 @@ def _key(version: str) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------- pkg/cdi's validation
-class _Panic(SpecError):
+class LibraryPanic(SpecError):
     """Where the library dereferences a null entry: containerd's refresh panics."""
 
     def __init__(self, where: str) -> None:
         super().__init__(
-            f"a null entry in {where}: the CDI library dereferences it and panics "
-            "(the runtime cannot use this file)"
+            f"a null entry in {where}: the CDI library dereferences it and panics; "
+            "containerd crashes reading this file (at start and at each refresh), and no "
+            "CDI device resolves"
         )
 
 
@@ -274,13 +275,13 @@ def required_version(raw: RawSpec) -> str:
     for e in edits:
         for node in e.deviceNodes or ():
             if node is None:
-                raise _Panic("deviceNodes")
+                raise LibraryPanic("deviceNodes")
             if node.hostPath:
                 return "0.5.0"
     for e in edits:
         for mount in e.mounts or ():
             if mount is None:
-                raise _Panic("mounts")
+                raise LibraryPanic("mounts")
             if mount.type:
                 return "0.4.0"
     return EARLIEST_VERSION
@@ -319,7 +320,7 @@ def _validate_edits(edits: Edits, where: str) -> None:
 
 def _validate_node(node: DeviceNode | None, where: str) -> None:
     if node is None:
-        raise _Panic("deviceNodes")
+        raise LibraryPanic("deviceNodes")
     if not node.path:
         raise SpecError(f"{where}: invalid (empty) device path")
     if node.type not in _NODE_TYPES:
@@ -333,7 +334,7 @@ def _validate_node(node: DeviceNode | None, where: str) -> None:
 
 def _validate_hook(hook: Hook | None, where: str) -> None:
     if hook is None:
-        raise _Panic("hooks")
+        raise LibraryPanic("hooks")
     if hook.hookName not in _HOOK_NAMES:
         raise SpecError(f"{where}: invalid hook name {hook.hookName[:32]!r}")
     if not hook.path:
@@ -343,7 +344,7 @@ def _validate_hook(hook: Hook | None, where: str) -> None:
 
 def _validate_mount(mount: Mount | None, where: str) -> None:
     if mount is None:
-        raise _Panic("mounts")
+        raise LibraryPanic("mounts")
     if not mount.hostPath:
         raise SpecError(f"{where}: invalid mount, empty host path (hostPath)")
     if not mount.containerPath:
@@ -366,7 +367,7 @@ def _validate_net_devices(devices: list[NetDevice | None] | None, where: str) ->
     names: set[str] = set()
     for device in devices or ():
         if device is None:
-            raise _Panic("netDevices")
+            raise LibraryPanic("netDevices")
         if not device.hostInterfaceName:
             raise SpecError(f"{where}: invalid linux net device, empty HostInterfaceName")
         if not device.name:
@@ -401,6 +402,8 @@ class SpecFile:
     state: FileState
     spec: Spec | None = None
     reason: str = ""
+    # The library panics reading it: the runtime's whole refresh fails, every device too.
+    panics: bool = False
 
 
 def check_spec_file(path: str, data: bytes, budget: Budget | None = None) -> SpecFile:
@@ -410,6 +413,8 @@ def check_spec_file(path: str, data: bytes, budget: Budget | None = None) -> Spe
         spec = parse_spec(data, json_format=path.endswith(".json"), budget=budget)
     except SpecUnchecked as exc:
         return SpecFile(path, FileState.UNCHECKED, reason=str(exc))
+    except LibraryPanic as exc:
+        return SpecFile(path, FileState.MALFORMED, reason=str(exc), panics=True)
     except SpecError as exc:
         return SpecFile(path, FileState.MALFORMED, reason=str(exc))
     return SpecFile(path, FileState.USABLE, spec=spec)
@@ -473,7 +478,12 @@ def resolve_cdi_devices(
                     clashes.setdefault(device, [earlier[1]]).append(spec_file.path)
                 if earlier is None or earlier[0] < priority:
                     defined[device] = (priority, spec_file.path)
-    found = {d: defined[d][1] for d in wanted_t if d in defined and d not in clashes}
+    crashing = any(f.panics for d in dirs if not d.error for f in d.files)
+    found = {
+        d: defined[d][1]
+        for d in wanted_t
+        if d in defined and d not in clashes and not crashing  # a panic ends the refresh
+    }
     missing = tuple(d for d in wanted_t if d not in found)
     if not missing:
         state = CdiState.PRESENT

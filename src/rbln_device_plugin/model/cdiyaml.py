@@ -386,10 +386,6 @@ class Reader:
             node.alias = self._anchors.get(name)
             if node.alias is None:
                 raise SpecError(f"yaml: unknown anchor '{name[:64]}' referenced")
-            if node.alias.live:
-                # An alias inside the node it names: go-yaml decodes the whole node; this
-                # reader has not seen it yet.
-                raise SpecUnchecked(f"alias *{name[:64]} inside its own anchor: not followed")
         elif isinstance(event, yaml.ScalarEvent):
             style = _STYLES.get(event.style or "", 0)
             tag, tagged = node_tag(SCALAR, event.tag, style, event.value)
