@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import (
+    bench_cdi,
     bench_daemon,
     bench_fast,
     bench_http,
@@ -80,6 +81,7 @@ def main(argv: list[str]) -> int:
         ("metrics", bench_metrics.run),
         ("metrics HTTP layer", bench_http.run),
         ("load", bench_load.run),
+        ("CDI spec checks", bench_cdi.run),
     ]
     rows: list[Row] = []
     began = time.monotonic()

@@ -17,7 +17,7 @@ from typing import NoReturn
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-AREAS = {"scan", "preferred", "daemon", "lean", "fast", "metrics", "load"}
+AREAS = {"scan", "preferred", "daemon", "lean", "fast", "metrics", "load", "cdi"}
 
 
 @pytest.mark.slow  # the quick run of every benchmark takes minutes
@@ -49,7 +49,7 @@ def test_the_allocate_breakdown_runs_and_reports_every_step() -> None:
 
 
 BENCH_MODULES = [
-    "bench", "bench.allocate_steps", "bench.bench_daemon", "bench.bench_fast",
+    "bench", "bench.allocate_steps", "bench.bench_cdi", "bench.bench_daemon", "bench.bench_fast",
     "bench.bench_http", "bench.bench_lean", "bench.bench_load", "bench.bench_metrics",
     "bench.bench_preferred", "bench.bench_scan", "bench.bench_topology", "bench.bench_tweaks",
 ]  # fmt: skip

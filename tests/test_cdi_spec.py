@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import string
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -410,3 +412,78 @@ def test_a_file_the_library_panics_on_leaves_no_device_resolved(tmp_path: Path) 
     assert "containerd crashes" in crashing.reason
     verdict = resolve_cdi_devices([cdispec.SpecDir(str(tmp_path), (good, crashing))])
     assert verdict.state is CdiState.MISSING and verdict.missing == (RUNTIME,)
+
+
+# ---------------------------------------------------------------- bounded work
+MIB = 1 << 20
+NESTED_LISTS = (b"[" + b"[]," * (MIB // 3))[: MIB - 3] + b"[]]"  # issue 49's file
+NULL_KEY_LISTS = b"{~: [" + (b"[]," * (MIB // 3))[: MIB - 20] + b"[]]}\n"  # skipped, not refused
+
+
+def test_a_1_mib_file_of_nested_lists_is_refused_at_its_first_node() -> None:
+    budget = cdispec.Budget(10**9)
+    checked = cdispec.check_spec_file("/etc/cdi/hostile.yaml", NESTED_LISTS, budget)
+    assert checked.state is FileState.MALFORMED
+    assert "not a mapping at the top level" in checked.reason
+    assert 10**9 - budget.left <= 5  # events read: stream, document, the list's start
+    as_json = cdispec.check_spec_file("/etc/cdi/hostile.json", NESTED_LISTS, budget)
+    assert as_json.state is FileState.MALFORMED
+
+
+def test_a_file_beyond_the_budget_is_one_the_daemon_cannot_tell() -> None:
+    # go-yaml skips the value of a null key without decoding it: only the budget ends it.
+    budget = cdispec.Budget(10**9)
+    checked = cdispec.check_spec_file("/etc/cdi/hostile.yaml", NULL_KEY_LISTS, budget)
+    assert checked.state is FileState.UNCHECKED and "too complex to check" in checked.reason
+    assert 10**9 - budget.left <= cdispec.MAX_FILE_UNITS + 1
+
+
+def test_one_pass_shares_one_budget_and_the_rest_is_unchecked() -> None:
+    budget = cdispec.Budget(cdispec.PASS_UNITS)
+    states = [
+        cdispec.check_spec_file(f"/etc/cdi/{i:03d}.yaml", NULL_KEY_LISTS, budget)
+        for i in range(2 * cdidirs.MAX_SPEC_FILES)
+    ]
+    assert all(s.state is FileState.UNCHECKED for s in states)
+    assert cdispec.PASS_UNITS - budget.left <= cdispec.PASS_UNITS + 1
+    assert "this pass's budget" in states[-1].reason
+    # The toolkit's own small spec still gets its verdict while budget is left.
+    fresh = cdispec.Budget(cdispec.PASS_UNITS)
+    assert cdispec.check_spec_file("/etc/cdi/rbln.yaml", GOOD.encode(), fresh).state is (
+        FileState.USABLE
+    )
+
+
+_PEAK_RSS = """
+import sys
+from rbln_device_plugin.model.cdispec import SpecError, parse_spec
+data = open(sys.argv[1], "rb").read()
+try:
+    parse_spec(data)
+    print("usable")
+except SpecError as exc:
+    print(type(exc).__name__)
+with open("/proc/self/status") as status:  # VmHWM: ru_maxrss keeps the parent's peak
+    print(next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")))
+"""
+
+
+def _peak_kib(path: Path) -> tuple[str, int]:
+    done = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(path)], capture_output=True,
+                          text=True, check=True, timeout=120)  # fmt: skip
+    verdict, peak = done.stdout.split()
+    return verdict, int(peak)
+
+
+@pytest.mark.parametrize("kind", ["nested", "null-key"])
+def test_one_hostile_file_raises_peak_memory_by_under_10_mib(tmp_path: Path, kind: str) -> None:
+    # Issue 49: the 1 MiB [[],[],...] file raised the daemon's peak RSS from 43 to 292 MiB
+    # (PyYAML built the whole node tree before any budget applied).
+    (tmp_path / "trivial.yaml").write_text(GOOD)
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_bytes(NESTED_LISTS if kind == "nested" else NULL_KEY_LISTS)
+    idle_verdict, idle = _peak_kib(tmp_path / "trivial.yaml")
+    verdict, peak = _peak_kib(hostile)
+    assert idle_verdict == "usable"
+    assert verdict in ("SpecError", "SpecUnchecked", "BudgetSpent")
+    assert peak - idle < 10 * 1024, f"peak {peak} KiB, idle {idle} KiB"

@@ -266,7 +266,10 @@ class _Decoder:
 
     def unmarshal(self, node: Node, typ: _Type, current: Any) -> tuple[bool, Any]:
         """go-yaml's decoder.unmarshal: whether ``node`` set a value, and the value."""
-        self.budget.take()
+        budget = self.budget
+        budget.left -= 1
+        if budget.left < 0:
+            budget.take(0)  # raises BudgetSpent
         self.decode_count += 1
         if self.alias_depth > 0:
             self.alias_count += 1

@@ -167,13 +167,13 @@ def _decode(data: bytes, budget: Budget, json_format: bool) -> RawSpec:
         root = json_root(data, budget) if json_format else None
         if root is not None:
             return decode_spec(Reader(b"", budget), root, budget)
-        check_escapes(data, budget)
         reader = Reader(data, budget)
         try:
             raw = decode_spec(reader, reader.root(), budget)
             reader.finish()
         finally:
             reader.close()
+        check_escapes(data, budget)  # only a file that decodes needs the second look
         return raw
     except SpecUnchecked:
         raise
@@ -188,7 +188,10 @@ def _decode(data: bytes, budget: Budget, json_format: bool) -> RawSpec:
 
 
 def _declared_newer_version(data: bytes) -> str:
-    found = _DECLARED_VERSION.search(data[:65536])
+    head = data[:65536]
+    if b"cdiVersion" not in head:  # the cheap look first: most hostile files have none
+        return ""
+    found = _DECLARED_VERSION.search(head)
     if found is None:
         return ""
     version = (found[1] or found[2]).decode()

@@ -361,7 +361,10 @@ class Reader:
         self._record_next = True
 
     def _event(self) -> Any:
-        self._budget.take()
+        budget = self._budget
+        budget.left -= 1
+        if budget.left < 0:
+            budget.take(0)  # raises BudgetSpent
         try:
             return self._loader.get_event()
         except yaml.YAMLError as exc:
@@ -371,46 +374,60 @@ class Reader:
 
     def _next(self, parent: Node) -> Node | None:
         """One event inside ``parent`` (the innermost live collection): its next child,
-        or None at its end."""
+        or None at its end. (The hot path of every file: types compared by identity.)"""
         event: Any = self._event()
-        if isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+        cls = type(event)
+        if cls is _SCALAR_EVENT:
+            style = _STYLES.get(event.style, 0) if event.style else 0
+            text: str = event.value
+            if event.tag is None and not style:
+                tag = MERGE_TAG if text == "<<" else _resolve("", text)[0]
+                node = Node(SCALAR, tag, text, 0, event.start_mark.line + 1)
+            else:
+                tag, tagged = node_tag(SCALAR, event.tag, style, text)
+                node = Node(SCALAR, tag, text, style | tagged, event.start_mark.line + 1)
+            anchor = event.anchor
+        elif cls is _SEQUENCE_END or cls is _MAPPING_END:
             self._stack.pop()
             parent.live = False
             if parent.style & FLOW:
                 self._flow -= 1
             return None
-        line = event.start_mark.line + 1
-        if isinstance(event, yaml.AliasEvent):
+        elif cls is _ALIAS_EVENT:
             name: str = event.anchor or ""
-            node = Node(ALIAS, "", name, 0, line)
+            node = Node(ALIAS, "", name, 0, event.start_mark.line + 1)
             node.alias = self._anchors.get(name)
             if node.alias is None:
                 raise SpecError(f"yaml: unknown anchor '{name[:64]}' referenced")
-        elif isinstance(event, yaml.ScalarEvent):
-            style = _STYLES.get(event.style or "", 0)
-            tag, tagged = node_tag(SCALAR, event.tag, style, event.value)
-            node = Node(SCALAR, tag, event.value, style | tagged, line)
+            anchor = None
         else:
-            kind = SEQUENCE if isinstance(event, yaml.SequenceStartEvent) else MAPPING
+            kind = SEQUENCE if cls is _SEQUENCE_START else MAPPING
             tag, tagged = node_tag(kind, event.tag, 0, "")
             style = tagged | (FLOW if event.flow_style else 0)
-            node = Node(kind, tag, "", style, line)
+            node = Node(kind, tag, "", style, event.start_mark.line + 1)
             node.live = True
             self._stack.append(node)
             if event.flow_style:
                 self._flow += 1
                 if self._flow > MAX_FLOW_DEPTH:
                     raise SpecError(f"yaml: exceeded max depth of {MAX_FLOW_DEPTH}")
-            if parent.content is not None or event.anchor or self._record_next:
+            anchor = event.anchor
+            if parent.content is not None or anchor or self._record_next:
                 node.content = []
         self._record_next = False
-        anchor = getattr(event, "anchor", None) if node.kind != ALIAS else None
         if anchor:
             node.anchor = anchor
             self._anchors[anchor] = node  # a later anchor of the same name wins
         if parent.content is not None:
             parent.content.append(node)
         return node
+
+
+_SCALAR_EVENT: Final = yaml.ScalarEvent
+_ALIAS_EVENT: Final = yaml.AliasEvent
+_SEQUENCE_START: Final = yaml.SequenceStartEvent
+_SEQUENCE_END: Final = yaml.SequenceEndEvent
+_MAPPING_END: Final = yaml.MappingEndEvent
 
 
 def scan_past_document(data: bytes, mark: tuple[int, int], budget: Budget) -> None:
@@ -443,7 +460,8 @@ _ESCAPED_SLASH: Final = re.compile(r"(?<!\\)(?:\\\\)*\\/")
 
 def check_escapes(data: bytes, budget: Budget) -> None:
     """go-yaml refuses the ``\\/`` escape in a double-quoted scalar; libyaml takes it."""
-    if b"\\/" not in data and b"\\\x00/" not in data and b"\x00\\\x00/" not in data:
+    utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))
+    if b"\\/" not in data and not (utf16 and "\\/" in _text(data)):
         return
     loader: Any = _Loader(data)
     text: str | None = None
@@ -518,11 +536,16 @@ def json_root(data: bytes, budget: Budget) -> Node | None:
     except UnicodeDecodeError:
         return None
     core = text.strip(" \r\n")
-    if not core or core[0] not in "{[" or core[-1] not in "}]" or _NOT_YAML_TEXT.search(text):
+    # Not a mapping at the top: the YAML path refuses it at its first node.
+    if not core or core[0] != "{" or core[-1] != "}" or _NOT_YAML_TEXT.search(text):
         return None
     # Every value but the first follows one of these marks: the count bounds the objects
-    # json would build before it builds them.
-    budget.take(sum(data.count(mark) for mark in _VALUE_MARKS) + 1)
+    # json would build, before it builds them. More than the budget allows: the YAML path
+    # streams it and may refuse it early (an unknown field, a wrong type) at no cost.
+    values = sum(data.count(mark) for mark in _VALUE_MARKS) + 1
+    if values > budget.left:
+        return None
+    budget.take(values)
 
     def pairs(items: list[tuple[str, Any]]) -> _Pairs:
         if any(len(key) > MAX_SIMPLE_KEY for key, _ in items):
