@@ -531,13 +531,9 @@ def json_root(data: bytes, budget: Budget) -> Node | None:
     path (not JSON, or text go-yaml could read otherwise)."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    core = text.strip(" \r\n")
-    # Not a mapping at the top: the YAML path refuses it at its first node.
-    if not core or core[0] != "{" or core[-1] != "}" or _NOT_YAML_TEXT.search(text):
+    # Not a mapping at the top: the YAML path refuses it at its first node. (Looked at on
+    # the bytes: a hostile file costs no copy.)
+    if _JSON_OBJECT_START.match(data) is None or not data[-64:].rstrip(b" \r\n").endswith(b"}"):
         return None
     # Every value but the first follows one of these marks: the count bounds the objects
     # json would build, before it builds them. More than the budget allows: the YAML path
@@ -553,12 +549,18 @@ def json_root(data: bytes, budget: Budget) -> Node | None:
         return _Pairs(items)
 
     try:
+        text = data.decode("utf-8")
         value = json.loads(
             text, object_pairs_hook=pairs, parse_int=_Raw, parse_float=_Raw, parse_constant=_Raw
         )
+        if _NOT_YAML_TEXT.search(text):  # after json, which refuses most files sooner
+            return None
         return _json_node(value)
-    except (ValueError, RecursionError, _NotSame):
+    except (ValueError, RecursionError, _NotSame):  # UnicodeDecodeError is a ValueError
         return None
+
+
+_JSON_OBJECT_START: Final = re.compile(rb"[ \r\n]*\{")
 
 
 def _json_node(value: Any) -> Node:
