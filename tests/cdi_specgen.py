@@ -418,3 +418,78 @@ EDGE_CASES: dict[str, str | bytes | tuple[str, str]] = {
     "devices-null": _H + "devices: ~\n",
     "device-ce-null": _H + "devices:\n- name: r\n  containerEdits: ~\n",
 }
+
+
+# JSON text read with json only when go-yaml reads it alike; escapes libyaml and go-yaml
+# treat differently; what go-yaml's scanner reads past the first document; nesting depth.
+_J = (
+    '{"cdiVersion": "0.5.0", "kind": "rebellions.ai/npu", "devices": [{"name": "runtime", '
+    '"containerEdits": {"env": ["A=%s"]}}]}'
+)
+J = _J
+_J5 = '{"cdiVersion": "0.5.0", "kind": "rebellions.ai/npu", "devices": '
+_J6 = _J5.replace("0.5.0", "0.6.0")
+EDGE_CASES.update(
+    {
+        "json-del": (J % "x\x7fy", "a.json"),
+        "json-ls": (J % "x\u2028y", "a.json"),
+        "json-nel": (J % "x\x85y", "a.json"),
+        "json-surrogates": (J % "\\ud83d\\ude00", "a.json"),
+        "json-lone-surrogate": (J % "\\ud83d", "a.json"),
+        "json-tab-lead": ("\t" + J % "x", "a.json"),
+        "json-tab-trail": (J % "x" + "\n\t\n", "a.json"),
+        "json-tab-inside": (J.replace(", ", ",\t") % "x", "a.json"),
+        "json-long-key": (
+            _J6
+            + '[{"name": "runtime", "annotations": {"'
+            + "k" * 1100
+            + '": "v"}, "containerEdits": {"env": ["A=1"]}}]}',
+            "a.json",
+        ),
+        "json-key-1020": (
+            _J6
+            + '[{"name": "runtime", "annotations": {"'
+            + "k" * 1020
+            + '": "v"}, "containerEdits": {"env": ["A=1"]}}]}',
+            "a.json",
+        ),
+        "json-escapes": (J % '\\b\\f\\n\\r\\t\\"\\\\\\u00e9', "a.json"),
+        "json-nan": (
+            _J5 + '[{"name": NaN, "containerEdits": {"env": ["A=1"]}}]}',
+            "a.json",
+        ),
+        "json-bignum": (
+            _J5
+            + '[{"name": "r", "containerEdits": {"deviceNodes": '
+            + '[{"path": "/x", "major": 1e400}]}}]}',
+            "a.json",
+        ),
+        "json-float-major": (
+            _J5 + '[{"name": "r", "containerEdits": {"deviceNodes": '
+            '[{"path": "/x", "major": 2.5, "fileMode": 438}]}}]}',
+            "a.json",
+        ),
+        "json-bom": (b"\xef\xbb\xbf" + (J % "x").encode(), "a.json"),
+        "json-crlf": ((J % "x").replace(", ", ",\r\n"), "a.json"),
+        "json-dup-slash": (
+            _J5.replace("ai/npu", "ai\\/npu") + '[{"name": "runtime", "containerEdits": '
+            '{"env": ["A=1"]}}]}',
+            "a.json",
+        ),
+        "yaml-squote-escape": _H + 'devices:\n- name: r\n  containerEdits:\n    env: ["A=\\\'x"]\n',
+        "yaml-slash-escape": _H + 'devices:\n- name: r\n  containerEdits:\n    env: ["A=\\/x"]\n',
+        "yaml-slash-in-plain": _H + "devices:\n- name: r\n  containerEdits:\n    env: [A=\\/x]\n",
+        "yaml-slash-in-single": _H
+        + "devices:\n- name: r\n  containerEdits:\n    env: ['A=\\/x']\n",
+        "after-doc-open-quote": _H + _DEV + '---\n"open\n',
+        "after-doc-3rd-token-bad": _H + _DEV + '---\na: b\n"open\n',
+        "after-doc-2nd-token-bad": _H + _DEV + '---\na\n"open\n',
+        "after-end-bad": _H + _DEV + '...\n"open\n',
+        "deep-flow": _H + "x: " + "[" * 10001 + "]" * 10001 + "\n" + _DEV,
+        "deep-flow-null-key": _H + "~: " + "[" * 10001 + "]" * 10001 + "\n" + _DEV,
+        "deep-flow-ok": _H + "~: " + "[" * 9999 + "]" * 9999 + "\n" + _DEV,
+    }
+)
+# Where the daemon says "cannot tell" on purpose: libyaml stops at 1000 nested
+# collections, go-yaml at 10000.
+CANNOT_TELL = {"deep-flow-ok", "deep-flow-null-key"}

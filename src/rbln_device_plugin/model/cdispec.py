@@ -47,11 +47,13 @@ from rbln_device_plugin.model.cdidecode import (
 from rbln_device_plugin.model.cdiyaml import (
     Budget,
     BudgetSpent,
+    QuoteEscape,
     Reader,
     SpecError,
     SpecUnchecked,
     check_escapes,
     json_root,
+    with_quote_escape_replaced,
 )
 
 __all__ = ["Budget", "SpecError", "SpecUnchecked"]
@@ -72,6 +74,8 @@ EARLIEST_VERSION: Final = "0.3.0"  # what a spec using no versioned feature need
 # NVIDIA toolkit spec of ~100 KiB) take about 7,000 events and as many steps.
 MAX_FILE_UNITS: Final = 60_000
 PASS_UNITS: Final = 150_000  # one pass over every spec directory
+# libyaml refuses the \' escape go-yaml takes: each one costs a fresh read of the file.
+MAX_QUOTE_ESCAPES: Final = 4
 
 _NODE_TYPES: Final = frozenset({"", "b", "c", "u", "p"})
 _HOOK_NAMES: Final = frozenset(
@@ -167,14 +171,22 @@ def _decode(data: bytes, budget: Budget, json_format: bool) -> RawSpec:
         root = json_root(data, budget) if json_format else None
         if root is not None:
             return decode_spec(Reader(b"", budget), root, budget)
-        reader = Reader(data, budget)
-        try:
-            raw = decode_spec(reader, reader.root(), budget)
-            reader.finish()
-        finally:
-            reader.close()
-        check_escapes(data, budget)  # only a file that decodes needs the second look
-        return raw
+        for _ in range(MAX_QUOTE_ESCAPES + 1):
+            reader = Reader(data, budget)
+            try:
+                raw = decode_spec(reader, reader.root(), budget)
+                reader.finish()
+            except QuoteEscape as exc:
+                fixed = with_quote_escape_replaced(data, exc.index)
+                if fixed is None:
+                    raise SpecError(str(exc)) from None
+                data = fixed  # go-yaml reads \' as ': so does the next try
+                continue
+            finally:
+                reader.close()
+            check_escapes(data, budget)  # only a file that decodes needs the second look
+            return raw
+        raise SpecUnchecked(f"more than {MAX_QUOTE_ESCAPES} \\' escapes: not checked")
     except SpecUnchecked:
         raise
     except SpecError as exc:

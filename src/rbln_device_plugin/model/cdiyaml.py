@@ -368,7 +368,7 @@ class Reader:
         try:
             return self._loader.get_event()
         except yaml.YAMLError as exc:
-            raise SpecError(f"not YAML or JSON: {_one_line(exc)}") from None
+            raise _libyaml_error(exc) from None
         except (ValueError, RecursionError) as exc:  # e.g. bad UTF-8 bytes
             raise SpecError(f"not YAML or JSON: {_one_line(exc)}") from None
 
@@ -430,6 +430,37 @@ _SEQUENCE_END: Final = yaml.SequenceEndEvent
 _MAPPING_END: Final = yaml.MappingEndEvent
 
 
+class QuoteEscape(SpecError):
+    """libyaml refused a ``\\'`` escape in a double-quoted scalar, which go-yaml takes
+    (as ``'``): the caller may write it as ``\\x27`` and read the file again."""
+
+    def __init__(self, message: str, index: int) -> None:
+        super().__init__(message)
+        self.index = index  # in characters of the decoded text
+
+
+def _libyaml_error(exc: yaml.YAMLError) -> SpecError:
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem == "exceeded maximum nesting depth":
+        return SpecUnchecked(
+            "nested deeper than libyaml follows (1000 collections; go-yaml takes 10000): "
+            "the daemon cannot tell"
+        )
+    if problem == "found unknown escape character" and mark is not None:
+        return QuoteEscape(f"not YAML or JSON: {_one_line(exc)}", mark.index)
+    return SpecError(f"not YAML or JSON: {_one_line(exc)}")
+
+
+def with_quote_escape_replaced(data: bytes, index: int) -> bytes | None:
+    """``data`` with the ``\\'`` at ``index`` written ``\\x27``, or None when that is
+    not what libyaml refused there."""
+    text = _text(data)
+    if text[index : index + 2] != "\\'":
+        return None
+    return (text[:index] + "\\x27" + text[index + 2 :]).encode("utf-8", "surrogateescape")
+
+
 def scan_past_document(data: bytes, mark: tuple[int, int], budget: Budget) -> None:
     """go-yaml's scanner keeps two tokens beyond the one its parser reads: a token it
     cannot scan right after the first document's end (``---`` or ``...``) fails the
@@ -450,7 +481,7 @@ def scan_past_document(data: bytes, mark: tuple[int, int], budget: Budget) -> No
                 if isinstance(token, (yaml.DocumentStartToken, yaml.DocumentEndToken)):
                     after = 0
     except yaml.YAMLError as exc:
-        raise SpecError(f"not YAML or JSON: {_one_line(exc)}") from None
+        raise _libyaml_error(exc) from None
     finally:
         loader.dispose()
 
