@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto
 
-.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools prometheus e2e-deps e2e clean
+.PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools prometheus e2e-deps e2e cdi-checker clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src sim tests bench deployments
 	@# The kubelet peer's Go sources (tests/kubelet-peer) when Go is installed.
 	@if command -v gofmt >/dev/null; then \
-		out=$$(gofmt -l tests/kubelet-peer tests/goparse); test -z "$$out" || { echo "gofmt: $$out"; exit 1; }; \
+		out=$$(gofmt -l tests/kubelet-peer tests/goparse tests/cdi-checker); test -z "$$out" || { echo "gofmt: $$out"; exit 1; }; \
 	else echo "gofmt not found: skipping the kubelet peer's format check"; fi
 
 typecheck: $(STAMP)
@@ -58,7 +58,7 @@ PARALLEL_RUN := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-load
 	-m "not ($(GO_LAYERS)) and not soak" $(PYTEST_ARGS)
 
 # Both runs always run; make fails when either failed.
-pytest: $(STAMP) tools prometheus e2e-deps
+pytest: $(STAMP) tools prometheus e2e-deps cdi-checker
 	@echo '$(GO_RUN)'; status=0; $(GO_RUN) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
 	echo '$(PARALLEL_RUN)'; $(PARALLEL_RUN) || status=$$?; exit $$status
 
@@ -97,6 +97,11 @@ soak: $(STAMP)
 # unshare; the first run builds Kubernetes, containerd, etcd and the images (cached).
 e2e: $(STAMP) tools e2e-deps
 	$(BIN)/pytest -q -m realnode $(PYTEST_ARGS) tests
+
+# The CDI library containerd uses, built into tests/cdi-checker's binary (cached outside the
+# repository) for the tests that compare CDI verdicts with it; says why when Go is missing.
+cdi-checker: $(STAMP)
+	@$(BIN)/python -m tests.cdi_checker
 
 # Debian packages of the real node (runc, buildah, ...), installed when root.
 e2e-deps:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import (
+    bench_cdi,
     bench_cdidirs,
     bench_daemon,
     bench_fast,
@@ -84,6 +85,7 @@ def main(argv: list[str]) -> int:
         ("metrics HTTP layer", bench_http.run),
         ("load", bench_load.run),
         ("CDI spec directories", bench_cdidirs.run),
+        ("CDI spec checks", bench_cdi.run),
     ]
     rows: list[Row] = []
     began = time.monotonic()

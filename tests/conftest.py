@@ -106,6 +106,7 @@ SHARED_MODULES = {
     "test_deploy_chart.py",
     "test_deploy_chart_metrics.py",
     "test_deploy_image.py",
+    "test_cdi_library.py",  # one CDI checker process (a Go build)
     "test_goparse.py",
     "test_hostile.py",
     "test_prometheus_rules.py",

@@ -65,7 +65,7 @@ def test_the_idle_scan_breakdown_sees_every_part_run() -> None:
 
 
 BENCH_MODULES = [
-    "bench", "bench.allocate_steps", "bench.bench_cdidirs", "bench.bench_daemon",
+    "bench", "bench.allocate_steps", "bench.bench_cdi", "bench.bench_cdidirs", "bench.bench_daemon",
     "bench.bench_fast", "bench.bench_http", "bench.bench_idle_parts", "bench.bench_lean",
     "bench.bench_load", "bench.bench_metrics", "bench.bench_preferred", "bench.bench_scan",
     "bench.bench_topology", "bench.bench_tweaks",

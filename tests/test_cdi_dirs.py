@@ -13,7 +13,6 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -297,13 +296,15 @@ async def test_slow_decoding_is_reported_as_the_checks_cpu_work_not_host_access(
     # A decoding held back stands in for a file that costs seconds of CPU to decode
     # (how costly a file may be is parse_spec's own bound, tested with it).
     release = threading.Event()
-    real = cdispec.parse_spec
+    real = cdispec.check_spec_file
 
-    def slow_parse(text: bytes | str, **kwargs: Any) -> cdispec.Spec:
+    def slow_check(
+        path: str, data: bytes, budget: cdispec.Budget | None = None
+    ) -> cdispec.SpecFile:
         release.wait(30)
-        return real(text, **kwargs)
+        return real(path, data, budget)
 
-    monkeypatch.setattr(cdidirs, "parse_spec", slow_parse)
+    monkeypatch.setattr(cdidirs, "check_spec_file", slow_check)
     monkeypatch.setattr(cdidirs, "PARSE_BUDGET_S", 0.3, raising=False)
     cfg = config.config_from_settings({"cdi_static_dir": str(cdi), "cdi_root": str(cdi)}, {})
     io = HostIO(timeout=0.3)
@@ -326,3 +327,32 @@ async def test_slow_decoding_is_reported_as_the_checks_cpu_work_not_host_access(
             break
         await asyncio.sleep(0.02)
     assert verdict.state is CdiState.PRESENT
+
+
+def _costly_spec(entries: int) -> str:
+    """A usable spec whose decoding takes about three units per environment entry."""
+    env = "".join(f"        - V{i}=1\n" for i in range(entries))
+    return GOOD.replace("      env: [RBLN_CDI=1]\n", f"      env:\n{env}")
+
+
+async def test_files_past_a_checks_decoding_budget_are_decoded_at_a_later_check(
+    cdi: Path,
+) -> None:
+    # Each file alone fits a file's budget; together they outgrow one check's, so the
+    # later ones wait for the next check instead of costing this one unbounded CPU.
+    (cdi / "rbln.yaml").unlink()
+    for name in ("a.yaml", "b.yaml", "c.yaml"):
+        (cdi / name).write_text(_costly_spec(12_000).replace("runtime", name[0]))
+    # Past the window in which a file's times are not trusted (it is read again at every
+    # check then): what a check decoded is kept from here on.
+    await asyncio.sleep(cdidirs.RACY_NS / 1e9 + 0.2)
+    cfg = config.config_from_settings({"cdi_static_dir": str(cdi), "cdi_root": str(cdi)}, {})
+    check = CdiSpecCheck(cfg, HostIO(), NOOP)
+    first = await asyncio.wait_for(check.check(), 30)
+    waiting = {Path(p).name for p, why in first.unchecked.items() if "decoding budget" in why}
+    assert waiting and len(waiting) < 3, first.unchecked
+    checks = 1
+    while (verdict := await asyncio.wait_for(check.check(), 30)).unchecked:
+        checks += 1
+        assert checks < 5, verdict.unchecked  # each check decodes at least one file more
+    assert verdict.state is CdiState.MISSING  # all three usable; none defines "runtime"

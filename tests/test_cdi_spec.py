@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import string
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -120,14 +122,14 @@ def test_the_toolkit_spec_defines_the_runtime_device() -> None:
         (spec_text(name="a/b"), "invalid device name 'a/b'"),
         (spec_text(name="-x"), "invalid device name"),
         (spec_text(name="runtime:"), "invalid device name"),
-        (spec_text(version="1.0.0"), "invalid cdiVersion"),
+        (spec_text(version="0.9.0"), "invalid cdiVersion"),
         (spec_text(version="0.2.0").replace("npu", "npu.v2", 1), "at least v0.6.0"),
-        ("cdiVersion: 0.6\nkind: rebellions.ai/npu\ndevices: []\n", "must be a string"),
+        ("cdiVersion: 0.6\nkind: rebellions.ai/npu\ndevices: []\n", "invalid cdiVersion '0.6'"),
         ("cdiVersion: 0.6.0\nkind: rebellions.ai/npu\ndevices: []\n", "no devices"),
         ("cdiVersion: 0.6.0\nkind: rebellions.ai/npu\n", "no devices"),
         (GOOD + "extra: 1\n", "unknown field 'extra'"),
         (GOOD.replace("      env: [RBLN_CDI=1]", "      env: [NOEQUALS]"), "environment"),
-        (GOOD.replace("    containerEdits:\n      env: [RBLN_CDI=1]\n", ""), "empty container"),
+        (GOOD.replace("    containerEdits:\n      env: [RBLN_CDI=1]\n", ""), "empty device edits"),
         (GOOD + "  - name: runtime\n    containerEdits: {env: [A=1]}\n", "multiple device"),
         (GOOD.replace("env: [RBLN_CDI=1]", "hooks: [{hookName: later, path: /x}]"), "hook"),
         (GOOD.replace("env: [RBLN_CDI=1]", "mounts: [{hostPath: /x}]"), "containerPath"),
@@ -149,6 +151,84 @@ def test_alias_bombs_stop_at_the_budget() -> None:
     assert len(text) < 16_000
     with pytest.raises(SpecError, match="too complex"):
         parse_spec(text)
+
+
+# ---------------------------------------------------------------- the issue's cases
+# Each case of issue 49 with the verdict the CDI library containerd 2.4.2 uses gives
+# (test_cdi_library.py checks each against the library itself): (label, file name, text,
+# "usable" | "malformed" | "unchecked").
+def _spec(edits: str, version: str = "0.7.0", extra: str = "") -> str:
+    return (
+        f"cdiVersion: {version}\nkind: rebellions.ai/npu\n{extra}devices:\n"
+        f"  - name: runtime\n    containerEdits:\n{edits}"
+    )
+
+
+_NODE = "      deviceNodes:\n        - path: /dev/rsd0\n"
+_MOUNT = "      mounts:\n        - hostPath: /a\n          containerPath: /b\n"
+_HOOK = "      hooks:\n        - hookName: createContainer\n          path: /bin/hook\n"
+ISSUE_CASES: list[tuple[str, str, str, str]] = [
+    ("duplicate-key", "a.yaml", _NODE + "          permissions: rw\n          permissions: r\n",
+     "malformed"),
+    ("duplicate-top-key", "a.yaml", _NODE, "malformed"),
+    ("duplicate-json-key", "a.json",
+     '{"cdiVersion": "0.5.0", "kind": "rebellions.ai/npu", "kind": "rebellions.ai/npu", '
+     '"devices": [{"name": "runtime", "containerEdits": {"env": ["A=1"]}}]}', "malformed"),
+    ("unknown-in-deviceNodes", "a.yaml", _NODE + "          bogus: 1\n", "malformed"),
+    ("unknown-in-mounts", "a.yaml", _MOUNT + "          readOnly: true\n", "malformed"),
+    ("unknown-in-hooks", "a.yaml", _HOOK + "          timeoutSeconds: 5\n", "malformed"),
+    ("unknown-in-intelRdt", "a.yaml", "      intelRdt: {closID: a, bogus: 1}\n", "malformed"),
+    ("options-ro", "a.yaml", _MOUNT + "          options: ro\n", "malformed"),
+    ("major-text", "a.yaml", _NODE + '          major: "236"\n', "malformed"),
+    ("fileMode-text", "a.yaml", _NODE + '          fileMode: "0666"\n', "malformed"),
+    ("fileMode-octal", "a.yaml", _NODE + "          fileMode: 0666\n", "usable"),
+    ("negative-gid", "a.yaml", "      additionalGids: [-1]\n", "malformed"),
+    ("timeout-text", "a.yaml", _HOOK + '          timeout: "5"\n', "malformed"),
+    ("netDevices-1.0.0", "a.yaml",
+     "      netDevices: [{hostInterfaceName: eth0, name: net0}]\n",
+     "malformed"),
+    ("netDevices-1.1.0", "a.yaml",
+     "      netDevices: [{hostInterfaceName: eth0, name: net0}]\n", "usable"),
+    ("closID-slash", "a.yaml", "      intelRdt: {closID: a/b}\n", "malformed"),
+    ("closID-dotdot", "a.yaml", '      intelRdt: {closID: ".."}\n', "malformed"),
+    ("version-1.0.0", "a.yaml", _NODE, "usable"),
+    ("version-1.1.0", "a.yaml", _NODE, "usable"),
+    ("version-v1.1.0", "a.yaml", _NODE, "usable"),
+    ("version-newer", "a.yaml", _NODE, "unchecked"),
+    ("version-newer-new-field", "a.yaml", _NODE + "          futureField: 1\n", "unchecked"),
+    ("capitalised-key", "a.yaml", _NODE.replace("path:", "Path:"), "malformed"),
+    ("multi-document", "a.yaml", _NODE + "---\nanother: document\n", "usable"),
+    ("numbers-as-strings", "a.yaml",
+     "      env: [A=1]\n      hooks: [{hookName: prestart, path: 5, args: [--n, 5, 1.5]}]\n",
+     "usable"),
+    ("null-deviceNode", "a.yaml", _NODE + "        - null\n", "malformed"),
+    ("json-slash-escape", "a.json",
+     '{"cdiVersion": "0.5.0", "kind": "rebellions.ai/npu", '
+     '"devices": [{"name": "runtime", "containerEdits": {"env": ["A=\\/x"]}}]}', "malformed"),
+]  # fmt: skip
+_VERSIONS = {"netDevices-1.0.0": "1.0.0", "netDevices-1.1.0": "1.1.0", "version-1.0.0": "1.0.0",
+             "version-1.1.0": "1.1.0", "version-v1.1.0": "v1.1.0", "version-newer": "1.2.0",
+             "version-newer-new-field": "1.2.0"}  # fmt: skip
+_EXTRA = {"duplicate-top-key": "kind: rebellions.ai/npu\n"}
+ISSUE_CASES = [
+    (label, name, text if name.endswith(".json") else
+     _spec(text, _VERSIONS.get(label, "0.7.0"), _EXTRA.get(label, "")), verdict)
+    for label, name, text, verdict in ISSUE_CASES
+]  # fmt: skip
+
+
+def _verdict(data: bytes, json_format: bool) -> str:
+    try:
+        parse_spec(data, json_format=json_format) if json_format else parse_spec(data)
+    except SpecError as exc:
+        return "unchecked" if type(exc).__name__ == "SpecUnchecked" else "malformed"
+    return "usable"
+
+
+@pytest.mark.parametrize("case", ISSUE_CASES, ids=[case[0] for case in ISSUE_CASES])
+def test_each_case_of_the_issue_gets_the_library_verdict(case: tuple[str, str, str, str]) -> None:
+    _label, name, text, expected = case
+    assert _verdict(text.encode(), name.endswith(".json")) == expected, text
 
 
 # ---------------------------------------------------------------- precedence
@@ -318,3 +398,94 @@ async def test_a_hung_spec_directory_is_cannot_tell_within_the_host_io_bound(
             break
         await asyncio.sleep(0.05)
     assert verdict.state is CdiState.PRESENT
+
+
+def test_a_file_the_library_panics_on_leaves_no_device_resolved(tmp_path: Path) -> None:
+    # The library dereferences a null deviceNodes entry: containerd's refresh (at start
+    # and at every change) panics, so not even another file's good definition resolves.
+    good = cdispec.check_spec_file(f"{tmp_path}/rbln.yaml", GOOD.encode())
+    crashing = cdispec.check_spec_file(
+        f"{tmp_path}/other.yaml",
+        b"cdiVersion: 0.3.0\nkind: other.com/x\ndevices:\n- name: a\n"
+        b"  containerEdits: {deviceNodes: [null]}\n",
+    )
+    assert good.state is FileState.USABLE
+    assert crashing.state is FileState.MALFORMED and crashing.panics
+    assert "containerd crashes" in crashing.reason
+    verdict = resolve_cdi_devices([cdispec.SpecDir(str(tmp_path), (good, crashing))])
+    assert verdict.state is CdiState.MISSING and verdict.missing == (RUNTIME,)
+
+
+# ---------------------------------------------------------------- bounded work
+MIB = 1 << 20
+NESTED_LISTS = (b"[" + b"[]," * (MIB // 3))[: MIB - 3] + b"[]]"  # issue 49's file
+NULL_KEY_LISTS = b"{~: [" + (b"[]," * (MIB // 3))[: MIB - 20] + b"[]]}\n"  # skipped, not refused
+
+
+def test_a_1_mib_file_of_nested_lists_is_refused_at_its_first_node() -> None:
+    budget = cdispec.Budget(10**9)
+    checked = cdispec.check_spec_file("/etc/cdi/hostile.yaml", NESTED_LISTS, budget)
+    assert checked.state is FileState.MALFORMED
+    assert "not a mapping at the top level" in checked.reason
+    assert 10**9 - budget.left <= 5  # events read: stream, document, the list's start
+    as_json = cdispec.check_spec_file("/etc/cdi/hostile.json", NESTED_LISTS, budget)
+    assert as_json.state is FileState.MALFORMED
+
+
+def test_a_file_beyond_the_budget_is_one_the_daemon_cannot_tell() -> None:
+    # go-yaml skips the value of a null key without decoding it: only the budget ends it.
+    budget = cdispec.Budget(10**9)
+    checked = cdispec.check_spec_file("/etc/cdi/hostile.yaml", NULL_KEY_LISTS, budget)
+    assert checked.state is FileState.UNCHECKED and "too complex to check" in checked.reason
+    assert 10**9 - budget.left <= cdispec.MAX_FILE_UNITS + 1
+
+
+def test_one_pass_shares_one_budget_and_the_rest_is_unchecked() -> None:
+    budget = cdispec.Budget(cdispec.PASS_UNITS)
+    states = [
+        cdispec.check_spec_file(f"/etc/cdi/{i:03d}.yaml", NULL_KEY_LISTS, budget)
+        for i in range(2 * cdidirs.MAX_SPEC_FILES)
+    ]
+    assert all(s.state is FileState.UNCHECKED for s in states)
+    assert cdispec.PASS_UNITS - budget.left <= cdispec.PASS_UNITS + 1
+    assert "this pass's budget" in states[-1].reason
+    # The toolkit's own small spec still gets its verdict while budget is left.
+    fresh = cdispec.Budget(cdispec.PASS_UNITS)
+    assert cdispec.check_spec_file("/etc/cdi/rbln.yaml", GOOD.encode(), fresh).state is (
+        FileState.USABLE
+    )
+
+
+_PEAK_RSS = """
+import sys
+from rbln_device_plugin.model.cdispec import SpecError, parse_spec
+data = open(sys.argv[1], "rb").read()
+try:
+    parse_spec(data)
+    print("usable")
+except SpecError as exc:
+    print(type(exc).__name__)
+with open("/proc/self/status") as status:  # VmHWM: ru_maxrss keeps the parent's peak
+    print(next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")))
+"""
+
+
+def _peak_kib(path: Path) -> tuple[str, int]:
+    done = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(path)], capture_output=True,
+                          text=True, check=True, timeout=120)  # fmt: skip
+    verdict, peak = done.stdout.split()
+    return verdict, int(peak)
+
+
+@pytest.mark.parametrize("kind", ["nested", "null-key"])
+def test_one_hostile_file_raises_peak_memory_by_under_10_mib(tmp_path: Path, kind: str) -> None:
+    # Issue 49: the 1 MiB [[],[],...] file raised the daemon's peak RSS from 43 to 292 MiB
+    # (PyYAML built the whole node tree before any budget applied).
+    (tmp_path / "trivial.yaml").write_text(GOOD)
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_bytes(NESTED_LISTS if kind == "nested" else NULL_KEY_LISTS)
+    idle_verdict, idle = _peak_kib(tmp_path / "trivial.yaml")
+    verdict, peak = _peak_kib(hostile)
+    assert idle_verdict == "usable"
+    assert verdict in ("SpecError", "SpecUnchecked", "BudgetSpent")
+    assert peak - idle < 10 * 1024, f"peak {peak} KiB, idle {idle} KiB"

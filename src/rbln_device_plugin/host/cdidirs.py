@@ -37,7 +37,14 @@ from rbln_device_plugin import aiotasks
 from rbln_device_plugin.host import cdientry
 from rbln_device_plugin.host.cdientry import Hop, ToRead
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
-from rbln_device_plugin.model.cdispec import FileState, SpecDir, SpecError, SpecFile, parse_spec
+from rbln_device_plugin.model.cdispec import (
+    PASS_UNITS,
+    Budget,
+    FileState,
+    SpecDir,
+    SpecFile,
+    check_spec_file,
+)
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import call_soon_threadsafe, set_result_threadsafe
 
@@ -80,12 +87,23 @@ def _dir_error(path: str, exc: OSError) -> SpecDir:
     return SpecDir(path, error=why)
 
 
-def _decode(path: str, data: bytes) -> SpecFile:
-    try:
-        spec = parse_spec(data)
-    except SpecError as exc:
-        return SpecFile(path, FileState.MALFORMED, reason=str(exc))
-    return SpecFile(path, FileState.USABLE, spec=spec)
+# The decoding work one directory's changed files may take in one check (half a pass over
+# both directories, see ``cdispec.PASS_UNITS``): any set of files costs a bounded time.
+DIR_UNITS: Final = PASS_UNITS // 2
+
+
+def _budget_spent(path: str) -> SpecFile:
+    return SpecFile(
+        path, FileState.UNCHECKED,
+        reason="not decoded yet: the files before it used this check's decoding budget "
+        "(CPU work); decoded at a later check",
+    )  # fmt: skip
+
+
+def _kept(result: SpecFile, budget: Budget) -> bool:
+    """Whether a file's verdict is its own (remembered until the file changes), not the
+    check's: an unchecked file once the check's budget ran out is decoded again later."""
+    return result.state is not FileState.UNCHECKED or budget.left > 0
 
 
 class SpecDirReader:
@@ -166,24 +184,30 @@ class SpecDirReader:
         if isinstance(survey, SpecDir):
             return survey
         files: list[SpecFile] = []
+        budget = Budget(DIR_UNITS)
         for item in survey.entries:
             if isinstance(item, SpecFile):
                 files.append(item)
+                continue
+            if budget.left <= 0:
+                files.append(_budget_spent(item.path))
                 continue
             loaded = cdientry.load(item)
             done = (
                 loaded.data
                 if isinstance(loaded.data, SpecFile)
-                else _decode(item.path, loaded.data)
+                else check_spec_file(item.path, loaded.data, budget)
             )
-            self.remember(item, done, loaded.stable)
+            if _kept(done, budget):
+                self.remember(item, done, loaded.stable)
             files.append(done)
         return self.finish(survey, files)
 
     # ---------------------------------------------------------------- CPU work, bounded
-    async def decode(self, item: ToRead, data: bytes, stable: bool) -> SpecFile:
-        """Decode ``data`` on a thread of its own, waiting at most ``PARSE_BUDGET_S``; a
-        decoding that outlasts it goes on, and what it finds is remembered then."""
+    async def decode(self, item: ToRead, data: bytes, stable: bool, budget: Budget) -> SpecFile:
+        """Decode ``data`` on a thread of its own, taking its work from ``budget`` and
+        waiting at most ``PARSE_BUDGET_S``; a decoding that outlasts it goes on, and what
+        it finds is remembered then."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[SpecFile] = loop.create_future()
         with self._lock:
@@ -191,8 +215,9 @@ class SpecDirReader:
 
         def work() -> None:
             try:
-                result = _decode(item.path, data)
-                self.remember(item, result, stable)
+                result = check_spec_file(item.path, data, budget)
+                if _kept(result, budget):
+                    self.remember(item, result, stable)
             except BaseException as exc:  # a bug: raised in the check that waits, if any
                 call_soon_threadsafe(loop, _fail, done, exc)
                 return
@@ -243,9 +268,13 @@ async def read_spec_dirs(io: HostIO, reader: SpecDirReader, paths: Sequence[str]
             dirs.append(survey)
             continue
         files: list[SpecFile] = []
+        budget = Budget(DIR_UNITS)
         for item in survey.entries:
             if isinstance(item, SpecFile):
                 files.append(item)
+                continue
+            if budget.left <= 0:  # not even read: its decoding would be refused
+                files.append(_budget_spent(item.path))
                 continue
             busy = reader.decoding()
             if busy is not None or spent >= PARSE_BUDGET_S:
@@ -266,7 +295,7 @@ async def read_spec_dirs(io: HostIO, reader: SpecDirReader, paths: Sequence[str]
                 files.append(loaded.data)
                 continue
             started = loop.time()
-            files.append(await reader.decode(item, loaded.data, loaded.stable))
+            files.append(await reader.decode(item, loaded.data, loaded.stable, budget))
             spent += loop.time() - started
         dirs.append(reader.finish(survey, files))
     return dirs

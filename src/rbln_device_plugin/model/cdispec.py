@@ -1,11 +1,14 @@
 """CDI spec files as the container runtimes read them: which devices they define.
 
-Pure. ``parse_spec`` checks one file's text by the rules of the CDI library that
-containerd and CRI-O use (tags.cncf.io/container-device-interface: ``pkg/parser`` for
-names, the default validator and ``specs-go/version.go`` for the rest); ``resolve_cdi_devices``
-combines the files of the spec directories the way that library's cache does, and says
-whether every device the daemon's answers name is defined, missing, or whether the
-daemon cannot tell (a directory it cannot see, a file it could not check).
+Pure. ``parse_spec`` checks one file's bytes as the CDI library containerd 2.x uses
+(tags.cncf.io/container-device-interface v1.1.1, pinned by containerd v2.4.2) does:
+``cdiyaml`` reads the first YAML document as go-yaml v3 parses it, ``cdidecode`` decodes
+it into the library's Go types (strict: unknown fields, duplicate keys and wrong types are
+errors at every level), and ``validate`` applies ``pkg/cdi``'s checks and
+``specs-go/version.go``'s version rules. ``resolve_cdi_devices`` combines the files of the
+spec directories the way that library's cache does, and says whether every device the
+daemon's answers name is defined, missing, or whether the daemon cannot tell (a directory
+it cannot see, a file it could not check).
 
 What the library does that matters here:
 
@@ -13,8 +16,14 @@ What the library does that matters here:
   definition of a device wins over an earlier one's. Two files of one directory defining
   the same device are a conflict, and the device is dropped altogether.
 - Only ``*.json`` and ``*.yaml`` files count (not ``.yml``); subdirectories are skipped.
-- A file is decoded strictly (an unknown field is an error) and validated as a whole: one
-  bad device makes the whole file unusable, and the runtime skips it.
+  Both are decoded as YAML (JSON is YAML to go-yaml); only the first document counts.
+- A file is decoded strictly and validated as a whole: one bad device makes the whole
+  file unusable, and the runtime skips it.
+
+The work is bounded: every file takes units of a ``Budget`` (one per YAML event, JSON
+value or decoding step), at most ``MAX_FILE_UNITS`` each, and a caller checking a whole
+pass of files shares one budget of ``PASS_UNITS`` among them. A file beyond the budget is
+"unchecked" (the daemon cannot tell), never a reason for more memory or time.
 """
 
 from __future__ import annotations
@@ -23,9 +32,31 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
-import yaml
+from rbln_device_plugin.model.cdidecode import (
+    DeviceNode,
+    Edits,
+    Hook,
+    IntelRdt,
+    Mount,
+    NetDevice,
+    RawSpec,
+    decode_spec,
+)
+from rbln_device_plugin.model.cdiyaml import (
+    Budget,
+    BudgetSpent,
+    QuoteEscape,
+    Reader,
+    SpecError,
+    SpecUnchecked,
+    check_escapes,
+    json_root,
+    with_quote_escape_replaced,
+)
+
+__all__ = ["Budget", "SpecError", "SpecUnchecked"]
 
 # The devices the daemon's answers reference (annotation value, cdi_devices names).
 KIND: Final = "rebellions.ai/npu"
@@ -33,28 +64,32 @@ RUNTIME_DEVICE: Final = f"{KIND}=runtime"
 REFERENCED_DEVICES: Final = (RUNTIME_DEVICE,)
 SPEC_SUFFIXES: Final = (".json", ".yaml")
 
-# cdiVersion values the library accepts, and what each feature needs at least.
-KNOWN_VERSIONS: Final = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
-# Nodes visited while checking one file; a file of repeated YAML aliases stops here
-# instead of costing exponential work (go-yaml refuses such files as well).
-MAX_NODES: Final = 100_000
+# cdiVersion values the library accepts (specs-go/version.go), oldest first. A newer
+# version than the last is "cannot tell": a newer library on the node may accept it.
+KNOWN_VERSIONS: Final = (
+    "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
+)  # fmt: skip
+EARLIEST_VERSION: Final = "0.3.0"  # what a spec using no versioned feature needs
+# Units of work (YAML events, JSON values, decoding steps). The largest real specs (an
+# NVIDIA toolkit spec of ~100 KiB) take about 7,000 events and as many steps.
+MAX_FILE_UNITS: Final = 60_000
+PASS_UNITS: Final = 150_000  # one pass over every spec directory
+# libyaml refuses the \' escape go-yaml takes: each one costs a fresh read of the file.
+MAX_QUOTE_ESCAPES: Final = 4
 
-_SPEC_FIELDS: Final = frozenset({"cdiVersion", "kind", "devices", "containerEdits", "annotations"})
-_DEVICE_FIELDS: Final = frozenset({"name", "annotations", "containerEdits"})
-_EDIT_FIELDS: Final = frozenset(
-    {"env", "deviceNodes", "hooks", "mounts", "intelRdt", "additionalGids", "netDevices"}
-)
 _NODE_TYPES: Final = frozenset({"", "b", "c", "u", "p"})
 _HOOK_NAMES: Final = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
 )
 _VENDOR_OR_CLASS: Final = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE_NAME: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class SpecError(ValueError):
-    """Why a spec file is unusable to the runtimes, in the library's terms."""
+_SEMVER: Final = re.compile(r"v?(\d{1,9})\.(\d{1,9})\.(\d{1,9})")
+# The top-level cdiVersion as written in YAML or JSON (for a newer version's verdict
+# when the file does not decode: a newer library may know its fields).
+_DECLARED_VERSION: Final = re.compile(
+    rb"""(?m)^["']?cdiVersion["']?[ \t]*:[ \t]*["']?(v?\d{1,9}\.\d{1,9}\.\d{1,9})|"""
+    rb""""cdiVersion"\s*:\s*"(v?\d{1,9}\.\d{1,9}\.\d{1,9})\""""
+)
 
 
 def is_spec_file_name(name: str) -> bool:
@@ -84,10 +119,11 @@ def validate_device_name(text: str) -> None:
 
 
 def split_kind(kind: str) -> tuple[str, str]:
-    """``vendor/class`` -> (vendor, class); SpecError unless both are valid."""
+    """``vendor/class`` -> (vendor, class) as parser.ParseQualifier cuts it; SpecError
+    unless both are valid."""
     vendor, slash, klass = kind.partition("/")
     if not slash or not vendor or not klass:
-        raise SpecError(f"invalid kind {kind!r}: expected <vendor>/<class>")
+        raise SpecError(f"invalid kind {kind[:64]!r}: expected <vendor>/<class> (invalid vendor)")
     validate_vendor_or_class(vendor, "vendor")
     validate_vendor_or_class(klass, "class")
     return vendor, klass
@@ -101,203 +137,276 @@ class Spec:
     devices: frozenset[str]  # qualified: kind=name
 
 
-class _Budget:
-    __slots__ = ("left",)
+def parse_spec(
+    text: bytes | str, *, json_format: bool = False, budget: Budget | None = None
+) -> Spec:
+    """Check one spec file; SpecError says why the runtimes would not use it,
+    SpecUnchecked why the daemon cannot tell.
 
-    def __init__(self) -> None:
-        self.left = MAX_NODES
-
-    def take(self, count: int = 1) -> None:
-        self.left -= count
-        if self.left < 0:
-            raise SpecError(f"too complex (more than {MAX_NODES} values, repeated aliases?)")
-
-
-def parse_spec(text: bytes | str) -> Spec:
-    """Check one spec file; SpecError says why the runtimes would not use it."""
+    ``json_format``: the file's name ends in ``.json`` (read with ``json`` when its text
+    means the same to go-yaml). ``budget``: shared by the files of one pass; each file
+    also stops at ``MAX_FILE_UNITS``.
+    """
+    data = text.encode("utf-8", errors="surrogateescape") if isinstance(text, str) else text
+    units = MAX_FILE_UNITS if budget is None else min(MAX_FILE_UNITS, budget.left)
+    if units <= 0:
+        raise BudgetSpent("not checked: the files before it used this pass's budget")
+    local = Budget(units)
     try:
-        document = yaml.load(text, Loader=_Loader)  # CSafeLoader or SafeLoader
-    except yaml.YAMLError as exc:
-        raise SpecError(f"not YAML or JSON: {_one_line(exc)}") from None
-    except (ValueError, RecursionError) as exc:  # e.g. bad UTF-8 bytes
-        raise SpecError(f"not YAML or JSON: {_one_line(exc)}") from None
-    if document is None:
-        raise SpecError("empty: no spec data")
-    if not isinstance(document, dict):
-        raise SpecError(f"not a mapping at the top level (a {_type(document)})")
-    budget = _Budget()
-    _fields(document, _SPEC_FIELDS, "spec")
-    version = document.get("cdiVersion")
-    if not isinstance(version, str):
-        raise SpecError(f"cdiVersion must be a string, got {_type(version)}")
-    kind = document.get("kind")
-    if not isinstance(kind, str):
-        raise SpecError(f"kind must be a string, got {_type(kind)}")
-    _vendor, klass = split_kind(kind)
-    annotations = _annotations(document.get("annotations"), "spec", budget)
-    needed = _VersionNeeds()
-    needed.note("0.6.0", bool(annotations) or "." in klass)
-    _edits(document.get("containerEdits"), "spec", budget, needed, require=False)
-    devices = document.get("devices")
-    if devices is None:
-        devices = []
-    if not isinstance(devices, list):
-        raise SpecError(f"devices must be a list, got {_type(devices)}")
-    names: set[str] = set()
-    for index, device in enumerate(devices):
-        budget.take()
-        where = f"device {index}"
-        if not isinstance(device, dict):
-            raise SpecError(f"{where}: not a mapping (a {_type(device)})")
-        _fields(device, _DEVICE_FIELDS, where)
-        name = device.get("name")
-        if not isinstance(name, str):
-            raise SpecError(f"{where}: name must be a string, got {_type(name)}")
-        validate_device_name(name)
-        where = f"device {name!r}"
-        if name in names:
-            raise SpecError(f"invalid spec, multiple device {name!r}")
-        names.add(name)
-        needed.note("0.5.0", not ("A" <= name[0] <= "Z" or "a" <= name[0] <= "z"))
-        needed.note("0.6.0", bool(_annotations(device.get("annotations"), where, budget)))
-        _edits(device.get("containerEdits"), where, budget, needed, require=True)
-    if not names:
-        raise SpecError("invalid spec, no devices")
-    _check_version(version, needed.version)
-    return Spec(kind, frozenset(f"{kind}={name}" for name in names))
+        raw = _decode(data, local, json_format)
+    except BudgetSpent:
+        if units < MAX_FILE_UNITS:
+            raise BudgetSpent(
+                "not checked: the files before it used most of this pass's budget"
+            ) from None
+        raise
+    finally:
+        if budget is not None:
+            budget.left -= local.total - max(local.left, 0)
+    return validate(raw)
 
 
-class _VersionNeeds:
-    """The lowest cdiVersion that has every feature the file uses."""
+def _decode(data: bytes, budget: Budget, json_format: bool) -> RawSpec:
+    try:
+        root = json_root(data, budget) if json_format else None
+        if root is not None:
+            return decode_spec(Reader(b"", budget), root, budget)
+        for _ in range(MAX_QUOTE_ESCAPES + 1):
+            reader = Reader(data, budget)
+            try:
+                raw = decode_spec(reader, reader.root(), budget)
+                reader.finish()
+            except QuoteEscape as exc:
+                fixed = with_quote_escape_replaced(data, exc.index)
+                if fixed is None:
+                    raise SpecError(str(exc)) from None
+                data = fixed  # go-yaml reads \' as ': so does the next try
+                continue
+            finally:
+                reader.close()
+            check_escapes(data, budget)  # only a file that decodes needs the second look
+            return raw
+        raise SpecUnchecked(f"more than {MAX_QUOTE_ESCAPES} \\' escapes: not checked")
+    except SpecUnchecked:
+        raise
+    except SpecError as exc:
+        newer = _declared_newer_version(data)
+        if newer:
+            raise SpecUnchecked(
+                f"cdiVersion {newer} is newer than this daemon knows ({KNOWN_VERSIONS[-1]}), "
+                f"and a newer CDI library may read what this one does not: {exc}"
+            ) from None
+        raise
 
-    __slots__ = ("version",)
 
-    def __init__(self) -> None:
-        self.version = "0.3.0"
+def _declared_newer_version(data: bytes) -> str:
+    head = data[:65536]
+    if b"cdiVersion" not in head:  # the cheap look first: most hostile files have none
+        return ""
+    found = _DECLARED_VERSION.search(head)
+    if found is None:
+        return ""
+    version = (found[1] or found[2]).decode()
+    return version if _newer(version) else ""
 
-    def note(self, version: str, used: bool) -> None:
-        if used and _key(version) > _key(self.version):
-            self.version = version
 
-
-def _check_version(version: str, needed: str) -> None:
-    bare = version.removeprefix("v")
-    if bare not in KNOWN_VERSIONS:
-        raise SpecError(f"invalid cdiVersion {version!r} (known: {', '.join(KNOWN_VERSIONS)})")
-    if _key(needed) > _key(bare):
-        raise SpecError(f"the spec version must be at least v{needed}")
+def _newer(version: str) -> bool:
+    found = _SEMVER.fullmatch(version)
+    if found is None:
+        return False
+    key = tuple(int(part) for part in found.groups())
+    return key > _key(KNOWN_VERSIONS[-1])
 
 
 def _key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
-def _fields(mapping: Mapping[Any, Any], allowed: frozenset[str], where: str) -> None:
-    unknown = [key for key in mapping if key not in allowed]
-    if unknown:
-        raise SpecError(f"{where}: unknown field {str(unknown[0])[:64]!r}")
+# ---------------------------------------------------------------- pkg/cdi's validation
+class LibraryPanic(SpecError):
+    """Where the library dereferences a null entry: containerd's refresh panics."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"a null entry in {where}: the CDI library dereferences it and panics; "
+            "containerd crashes reading this file (at start and at each refresh), and no "
+            "CDI device resolves"
+        )
 
 
-def _annotations(value: object, where: str, budget: _Budget) -> Mapping[Any, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: annotations must be a mapping, got {_type(value)}")
-    budget.take(len(value))
-    for key, item in value.items():
-        if not isinstance(key, str) or not isinstance(item, str):
-            raise SpecError(f"{where}: annotations must map strings to strings")
-    return value
+def validate(raw: RawSpec) -> Spec:
+    """Spec.validate of pkg/cdi/spec.go on a decoded spec, in its order."""
+    _validate_version(raw)
+    kind = raw.kind
+    split_kind(kind)
+    _validate_edits(raw.containerEdits, "spec")
+    names: set[str] = set()
+    for device in raw.devices or ():
+        validate_device_name(device.name)
+        where = f"device {device.name!r}"
+        if _is_empty(device.containerEdits):
+            raise SpecError(f"invalid device {device.name!r}: empty device edits")
+        _validate_edits(device.containerEdits, where)
+        if device.name in names:
+            raise SpecError(f"invalid spec, multiple device {device.name!r}")
+        names.add(device.name)
+    if not names:
+        raise SpecError("invalid spec, no devices")
+    return Spec(kind, frozenset(f"{kind}={name}" for name in names))
 
 
-def _strings(value: object, where: str, budget: _Budget) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise SpecError(f"{where} must be a list, got {_type(value)}")
-    budget.take(len(value))
-    if not all(isinstance(item, str) for item in value):
-        raise SpecError(f"{where} must hold strings only")
-    return value
+def _validate_version(raw: RawSpec) -> None:
+    bare = raw.cdiVersion.removeprefix("v")
+    if bare not in KNOWN_VERSIONS:
+        if _newer(bare):
+            raise SpecUnchecked(
+                f"cdiVersion {raw.cdiVersion[:32]!r} is newer than this daemon knows "
+                f"({KNOWN_VERSIONS[-1]}): a newer CDI library may accept it"
+            )
+        raise SpecError(
+            f"invalid cdiVersion {raw.cdiVersion[:32]!r} (known: {', '.join(KNOWN_VERSIONS)})"
+        )
+    needed = required_version(raw)
+    if _key(needed) > _key(bare):
+        raise SpecError(f"the spec version must be at least v{needed}")
 
 
-def _env(value: object, where: str, budget: _Budget) -> list[str]:
-    env = _strings(value, f"{where}: env", budget)
-    for item in env:
+def required_version(raw: RawSpec) -> str:
+    """specs-go's requiredVersion: the newest version whose features the spec uses, asked
+    newest first as the library asks (its checks of 0.5.0 and 0.4.0 panic on null
+    ``deviceNodes`` and ``mounts`` entries)."""
+    edits = [device.containerEdits for device in raw.devices or ()] + [raw.containerEdits]
+    if any(_rdt_v110(e.intelRdt) or e.netDevices for e in edits):
+        return "1.1.0"
+    if any(e.intelRdt is not None or e.additionalGids for e in edits):
+        return "0.7.0"
+    if raw.annotations or any(device.annotations for device in raw.devices or ()):
+        return "0.6.0"
+    _vendor, slash, klass = raw.kind.partition("/")
+    if slash and "." in klass:
+        return "0.6.0"
+    if any(device.name[:1].isdigit() and device.name[:1].isascii() for device in raw.devices or ()):
+        return "0.5.0"
+    for e in edits:
+        for node in e.deviceNodes or ():
+            if node is None:
+                raise LibraryPanic("deviceNodes")
+            if node.hostPath:
+                return "0.5.0"
+    for e in edits:
+        for mount in e.mounts or ():
+            if mount is None:
+                raise LibraryPanic("mounts")
+            if mount.type:
+                return "0.4.0"
+    return EARLIEST_VERSION
+
+
+def _rdt_v110(rdt: IntelRdt | None) -> bool:
+    return rdt is not None and (rdt.schemata is not None or rdt.enableMonitoring)
+
+
+def _is_empty(edits: Edits) -> bool:
+    return not (
+        edits.env or edits.deviceNodes or edits.hooks or edits.mounts or edits.additionalGids
+        or edits.intelRdt is not None or edits.netDevices
+    )  # fmt: skip
+
+
+def _validate_env(env: list[str] | None, where: str) -> None:
+    for item in env or ():
         if item.find("=") <= 0:
             raise SpecError(f"{where}: invalid environment variable {item[:64]!r}")
-    return env
 
 
-def _records(value: object, where: str, budget: _Budget) -> list[dict[Any, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise SpecError(f"{where} must be a list, got {_type(value)}")
-    budget.take(len(value))
-    for item in value:
-        if not isinstance(item, dict):
-            raise SpecError(f"{where}: every entry must be a mapping")
-        budget.take(len(item))
-    return value
+def _validate_edits(edits: Edits, where: str) -> None:
+    """ContainerEdits.Validate."""
+    _validate_env(edits.env, f"{where}: invalid container edits")
+    for node in edits.deviceNodes or ():
+        _validate_node(node, where)
+    for hook in edits.hooks or ():
+        _validate_hook(hook, where)
+    for mount in edits.mounts or ():
+        _validate_mount(mount, where)
+    if edits.intelRdt is not None:
+        _validate_rdt(edits.intelRdt, where)
+    _validate_net_devices(edits.netDevices, where)
 
 
-def _edits(
-    value: object, where: str, budget: _Budget, needed: _VersionNeeds, *, require: bool
-) -> None:
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: containerEdits must be a mapping, got {_type(value)}")
-    _fields(value, _EDIT_FIELDS, f"{where}: containerEdits")
-    env = _env(value.get("env"), where, budget)
-    nodes = _records(value.get("deviceNodes"), f"{where}: deviceNodes", budget)
-    for node in nodes:
-        path, kind = node.get("path"), node.get("type", "")
-        if not isinstance(path, str) or not path:
-            raise SpecError(f"{where}: invalid (empty) device path")
-        if kind not in _NODE_TYPES:
-            raise SpecError(f"{where}: device {path[:64]!r}: invalid type {str(kind)[:16]!r}")
-        permissions = node.get("permissions", "")
-        if not isinstance(permissions, str) or set(permissions) - set("rwm"):
-            raise SpecError(f"{where}: device {path[:64]!r}: invalid permissions")
-        needed.note("0.5.0", bool(node.get("hostPath")))
-    hooks = _records(value.get("hooks"), f"{where}: hooks", budget)
-    for hook in hooks:
-        name = hook.get("hookName")
-        if name not in _HOOK_NAMES:
-            raise SpecError(f"{where}: invalid hook name {str(name)[:32]!r}")
-        if not isinstance(hook.get("path"), str) or not hook["path"]:
-            raise SpecError(f"{where}: invalid hook {name!r} with empty path")
-        _env(hook.get("env"), f"{where}: hook {name!r}", budget)
-    mounts = _records(value.get("mounts"), f"{where}: mounts", budget)
-    for mount in mounts:
-        for key in ("hostPath", "containerPath"):
-            if not isinstance(mount.get(key), str) or not mount[key]:
-                raise SpecError(f"{where}: invalid mount, empty {key}")
-        needed.note("0.4.0", bool(mount.get("type")))
-    gids = value.get("additionalGids")
-    if gids is not None and not isinstance(gids, list):
-        raise SpecError(f"{where}: additionalGids must be a list")
-    rdt = value.get("intelRdt")
-    needed.note("0.7.0", bool(gids) or rdt is not None)
-    if require and not (env or nodes or hooks or mounts or gids or rdt is not None):
-        raise SpecError(f"{where}: empty container edits")
+def _validate_node(node: DeviceNode | None, where: str) -> None:
+    if node is None:
+        raise LibraryPanic("deviceNodes")
+    if not node.path:
+        raise SpecError(f"{where}: invalid (empty) device path")
+    if node.type not in _NODE_TYPES:
+        raise SpecError(f"{where}: device {node.path[:64]!r}: invalid type {node.type[:16]!r}")
+    permissions = node.permissions
+    if permissions not in ("", "none") and permissions.strip("rwm"):
+        raise SpecError(
+            f"{where}: device {node.path[:64]!r}: invalid permissions {permissions[:16]!r}"
+        )
 
 
-def _type(value: object) -> str:
-    return "nothing" if value is None else type(value).__name__
+def _validate_hook(hook: Hook | None, where: str) -> None:
+    if hook is None:
+        raise LibraryPanic("hooks")
+    if hook.hookName not in _HOOK_NAMES:
+        raise SpecError(f"{where}: invalid hook name {hook.hookName[:32]!r}")
+    if not hook.path:
+        raise SpecError(f"{where}: invalid hook {hook.hookName!r} with empty path")
+    _validate_env(hook.env, f"{where}: invalid hook {hook.hookName!r}")
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
+def _validate_mount(mount: Mount | None, where: str) -> None:
+    if mount is None:
+        raise LibraryPanic("mounts")
+    if not mount.hostPath:
+        raise SpecError(f"{where}: invalid mount, empty host path (hostPath)")
+    if not mount.containerPath:
+        raise SpecError(f"{where}: invalid mount, empty container path (containerPath)")
+
+
+def _validate_rdt(rdt: IntelRdt, where: str) -> None:
+    closid = rdt.closID
+    if closid != "/" and (
+        len(closid.encode("utf-8", errors="surrogateescape")) >= 4096
+        or closid in (".", "..")
+        or "/" in closid
+        or "\n" in closid
+    ):
+        raise SpecError(f"{where}: invalid ClosID {closid[:64]!r} in intelRdt")
+
+
+def _validate_net_devices(devices: list[NetDevice | None] | None, where: str) -> None:
+    hosts: set[str] = set()
+    names: set[str] = set()
+    for device in devices or ():
+        if device is None:
+            raise LibraryPanic("netDevices")
+        if not device.hostInterfaceName:
+            raise SpecError(f"{where}: invalid linux net device, empty HostInterfaceName")
+        if not device.name:
+            raise SpecError(f"{where}: invalid linux net device, empty Name")
+        if device.hostInterfaceName in hosts:
+            raise SpecError(
+                f"{where}: invalid linux net device, duplicate HostInterfaceName "
+                f"{device.hostInterfaceName[:64]!r}"
+            )
+        hosts.add(device.hostInterfaceName)
+        if device.name in names:
+            raise SpecError(
+                f"{where}: invalid linux net device, duplicate Name {device.name[:64]!r}"
+            )
+        names.add(device.name)
 
 
 # ---------------------------------------------------------------- the directories
 class FileState(StrEnum):
     USABLE = "usable"  # parsed and valid: the runtimes load it
     MALFORMED = "malformed"  # read, and the runtimes would skip it
-    UNCHECKED = "unchecked"  # not read (too large, unreadable, a symlink leaving the dir)
+    # not read (too large, unreadable, a symlink leaving the dir), too complex to check
+    # within the budget, or a newer cdiVersion than the daemon knows
+    UNCHECKED = "unchecked"
     HANGS = "hangs"  # not read: the runtimes' read blocks on it for good (a FIFO)
 
 
@@ -309,6 +418,22 @@ class SpecFile:
     state: FileState
     spec: Spec | None = None
     reason: str = ""
+    # The library panics reading it: the runtime's whole refresh fails, every device too.
+    panics: bool = False
+
+
+def check_spec_file(path: str, data: bytes, budget: Budget | None = None) -> SpecFile:
+    """One file's state, as a spec directory reader records it: usable, malformed (the
+    runtimes skip it) or unchecked (the daemon cannot tell)."""
+    try:
+        spec = parse_spec(data, json_format=path.endswith(".json"), budget=budget)
+    except SpecUnchecked as exc:
+        return SpecFile(path, FileState.UNCHECKED, reason=str(exc))
+    except LibraryPanic as exc:
+        return SpecFile(path, FileState.MALFORMED, reason=str(exc), panics=True)
+    except SpecError as exc:
+        return SpecFile(path, FileState.MALFORMED, reason=str(exc))
+    return SpecFile(path, FileState.USABLE, spec=spec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +512,12 @@ def resolve_cdi_devices(
                 if earlier is None or earlier[0] < priority:
                     defined[device] = (priority, spec_file.path)
         per_dir.append((not_checked, here))
-    found = {d: defined[d][1] for d in wanted_t if d in defined and d not in clashes}
+    crashing = any(f.panics for d in dirs if not d.error for f in d.files)
+    found = {
+        d: defined[d][1]
+        for d in wanted_t
+        if d in defined and d not in clashes and not crashing  # a panic ends the refresh
+    }
     missing = tuple(d for d in wanted_t if d not in found)
     may_clash = any(
         not_checked and not_checked + here.get(d, 0) >= 2
