@@ -22,6 +22,7 @@ class DaemonProcess:
         env: Mapping[str, str] | None = None,
         level: str = "debug",
         umask: int = -1,
+        process_group: int = -1,
         command: Sequence[str] = (sys.executable, "-m", "rbln_device_plugin"),
     ) -> None:
         full_env = {
@@ -39,6 +40,7 @@ class DaemonProcess:
             env=full_env,
             text=True,
             umask=umask,
+            process_group=None if process_group < 0 else process_group,
         )
         self.lines: list[str] = []
         self.records: list[Record] = []

@@ -78,6 +78,7 @@ async def launch(
     extra_args: Sequence[str] = (),
     umask: int = -1,
     command: Sequence[str] | None = None,
+    process_group: int = -1,
 ) -> AsyncIterator[FaultHarness]:
     """Like ``simnode.running``, with a hook that prepares the node before the daemon runs
     (``command``: what runs the daemon, ``python -m rbln_device_plugin`` by default)."""
@@ -89,9 +90,11 @@ async def launch(
         before_start(node)
     args = [*node.daemon_args(interval), *extra_args]
     if command is None:
-        daemon = DaemonProcess(args, env=env, umask=umask)
+        daemon = DaemonProcess(args, env=env, umask=umask, process_group=process_group)
     else:
-        daemon = DaemonProcess(args, env=env, umask=umask, command=command)
+        daemon = DaemonProcess(
+            args, env=env, umask=umask, command=command, process_group=process_group
+        )
     harness = FaultHarness(node, kubelet, daemon, interval, env, tuple(extra_args))
     try:
         yield harness

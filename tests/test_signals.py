@@ -263,7 +263,11 @@ def test_a_burst_of_ignored_signals_on_the_main_thread_is_survived() -> None:
 
 
 async def test_the_stop_signals_stop_the_daemon_until_sigcont() -> None:
-    async with launch("rebel-4") as h:
+    # In a process group of its own, whose parent (this test) is in another group of the
+    # same session. The kernel discards SIGTSTP, SIGTTIN and SIGTTOU sent to an orphaned
+    # group (POSIX), and the test's own group is orphaned whenever the shell that started
+    # the run has exited (a CI job started in the background): then nothing would stop.
+    async with launch("rebel-4", process_group=0) as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         pid = h.daemon.proc.pid
         for signum in (n for n in CATCHABLE if EXPECTED[n] == STOPS):
