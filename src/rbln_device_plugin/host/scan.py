@@ -185,9 +185,7 @@ class Scanner:
             self._parse_problems = tuple(parse_problems)
             self._last_inventory = None
             self.facts.listing_changed([record.bus_id for record in self._screening.kept])
-        facts, fresh = await self._facts(self._screening.kept)
-        if not fresh and self._last_inventory is not None:
-            return self._last_inventory
+        facts = await self._facts(self._screening.kept)
         classified = inventory_from(self._screening, facts)
         inventory = Inventory(classified.resources, (*self._parse_problems, *classified.problems))
         self._last_inventory = inventory
@@ -200,8 +198,8 @@ class Scanner:
             r.bus_id in cache.sriov and r.bus_id in cache.pci_paths for r in self._screening.kept
         )
 
-    async def _facts(self, records: Sequence[SmiRecord]) -> tuple[dict[str, DeviceFacts], bool]:
-        """Facts for every record, reading only what the cache lacks; True if anything was."""
+    async def _facts(self, records: Sequence[SmiRecord]) -> dict[str, DeviceFacts]:
+        """Facts for every record, reading only what the cache lacks."""
         root = self.sysfs_root
         cache = self.facts
         need_sriov = [r.bus_id for r in records if r.bus_id not in cache.sriov]
@@ -232,4 +230,4 @@ class Scanner:
         facts_by_bus = {
             r.bus_id: DeviceFacts(sriov=sriov[r.bus_id], pci_path=paths[r.bus_id]) for r in records
         }
-        return facts_by_bus, bool(need_sriov or need_path)
+        return facts_by_bus
