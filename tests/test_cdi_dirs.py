@@ -27,15 +27,8 @@ from rbln_device_plugin.model.cdispec import CdiState, FileState, resolve_cdi_de
 from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
 from rbln_device_plugin.telemetry.metrics import NOOP
 
-RUNTIME = "rebellions.ai/npu=runtime"
-GOOD = """\
-cdiVersion: 0.6.0
-kind: rebellions.ai/npu
-devices:
-  - name: runtime
-    containerEdits:
-      env: [RBLN_CDI=1]
-"""
+from .test_cdi_spec import GOOD, RUNTIME
+
 OTHER = GOOD.replace("rebellions.ai/npu", "vendor.com/gpu")
 HANG_RECORD = (
     "A FIFO in a CDI spec directory would hang the container runtimes' CDI library; remove it"
