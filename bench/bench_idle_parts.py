@@ -52,7 +52,7 @@ NPU = "rebellions.ai/npu"
 
 # (label, owner, attribute): the coroutine methods whose CPU is summed per part.
 PARTS: tuple[tuple[str, Any, str], ...] = (
-    ("instance lock check", InstanceLock, "check"),
+    ("instance lock check", InstanceLock, "scan_check"),
     ("kubelet socket check", KubeletSession, "restart_due"),
     ("rbln-smi -j run", scan_module, "run_smi"),
     ("discovery after rbln-smi", Scanner, "inventory"),

@@ -281,3 +281,75 @@ async def test_a_dangling_symlink_lock_directory_is_said_once_and_shown_until_fi
             assert holds(run / "rbln" / instancelock.ANCHOR_NAME)
         finally:
             lock.release()
+
+
+async def test_the_watch_notices_a_takeover_of_the_anchor_at_once(
+    tmp_path: Path, hostio: HostIO
+) -> None:
+    kubelet_dir, anchor = tmp_path / "kubelet", tmp_path / "run" / "anchor.lock"
+    kubelet_dir.mkdir()
+    lock = InstanceLock(kubelet_dir, hostio, anchor)
+    assert await lock.acquire(asyncio.Event())
+    stop = asyncio.Event()
+    watch = asyncio.create_task(lock.watch(stop))
+    other = os.open(anchor.with_name("other"), os.O_RDWR | os.O_CREAT)
+    try:
+        await asyncio.sleep(0.3)  # the watches are set up and their first checks done
+        assert not lock.lost.is_set()
+        fcntl.flock(other, fcntl.LOCK_EX)
+        os.rename(anchor.with_name("other"), anchor)
+        await asyncio.wait_for(lock.lost.wait(), 10)  # no scan runs here: the watch saw it
+        assert lock.loss is not None and lock.loss.path == anchor
+        await asyncio.wait_for(watch, 10)
+    finally:
+        stop.set()
+        os.close(other)
+        lock.release()
+
+
+class CountingHostIO(HostIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[str] = []
+
+    async def map(self, calls):  # type: ignore[no-untyped-def]
+        self.keys.extend(call.key for call in calls)
+        return await super().map(calls)
+
+
+async def test_a_scan_looks_at_the_lock_files_only_when_a_watch_has_news(tmp_path: Path) -> None:
+    kubelet_dir, anchor = tmp_path / "kubelet", tmp_path / "run" / "anchor.lock"
+    kubelet_dir.mkdir()
+    io = CountingHostIO()
+    lock = InstanceLock(kubelet_dir, io, anchor)
+    stop = asyncio.Event()
+    try:
+        assert await lock.acquire(asyncio.Event())
+        io.keys.clear()
+        assert await lock.scan_check()  # no watch yet: every scan looks
+        assert await lock.scan_check()
+        assert io.keys.count(str(anchor)) == 2
+        watch = asyncio.create_task(lock.watch(stop))
+        for _ in range(100):  # both watches started, their first checks done
+            await asyncio.sleep(0.01)
+        assert await lock.scan_check()  # the watches' start is news: one look
+        io.keys.clear()
+        for _ in range(5):
+            assert await lock.scan_check()
+        assert io.keys == []
+        (anchor.parent / "unrelated").write_text("")  # any change in a lock's directory
+        await asyncio.sleep(0.2)
+        io.keys.clear()
+        assert await lock.scan_check()
+        assert str(anchor) in io.keys
+        io.keys.clear()
+        assert await lock.scan_check()
+        assert io.keys == []
+        stop.set()
+        await asyncio.wait_for(watch, 10)
+        assert await lock.scan_check()  # no live watch any more: looks again
+        assert str(anchor) in io.keys
+    finally:
+        stop.set()
+        lock.release()
+        io.close()

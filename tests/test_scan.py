@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from structlog.testing import capture_logs
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.scan import DiscoveryError, ScanLimits, Scanner, ScanResult
 from rbln_device_plugin.host.sysfs import read_status
+from rbln_device_plugin.model import looks
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, RESOURCE_NPU_VF4
 from rbln_device_plugin_sim.layout import Layout, SimDevice, make_vfs
 from rbln_device_plugin_sim.node import SimNode, materialize
@@ -122,7 +124,7 @@ async def test_missing_binary_is_a_discovery_failure(
 # A failing, garbled or hanging rbln-smi: see test_scan_presets (the same simulator faults).
 
 
-async def test_binary_is_looked_up_on_every_scan(
+async def test_a_binary_installed_after_the_start_is_found_by_the_next_scan(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch, hostio: HostIO
 ) -> None:
     node = build(short_tmp, chip("rbln0", "0000:05:00.0", npu=0))
@@ -136,6 +138,51 @@ async def test_binary_is_looked_up_on_every_scan(
     late.parent.mkdir()
     late.symlink_to(node.smi_path)
     assert names(await scanner.scan(), node.sysfs_root) == {RESOURCE_NPU: [("rbln0", "READY")]}
+
+
+async def test_a_binary_that_went_away_is_named_as_not_found_at_once(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, hostio: HostIO
+) -> None:
+    node = build(short_tmp, chip("rbln0", "0000:05:00.0", npu=0))
+    found = short_tmp / "bin" / "rbln-smi"
+    found.parent.mkdir()
+    found.symlink_to(node.smi_path)
+    monkeypatch.setenv("PATH", str(short_tmp / "empty"))
+    scanner = Scanner(
+        sysfs_root=node.sysfs_root, hostio=hostio, limits=ScanLimits(candidates=[found])
+    )
+    await scanner.scan()
+    found.unlink()  # the driver package removed: the one found cannot be started
+    with pytest.raises(DiscoveryError, match="rbln-smi not found"):
+        await scanner.scan()
+
+
+async def test_a_preferred_binary_installed_later_is_used_from_the_backup_look_on(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, hostio: HostIO
+) -> None:
+    """The binary found is run without a look per scan; a better candidate that appears
+    meanwhile is found by the next backup look, not later."""
+    monkeypatch.setattr(looks, "BACKUP_S", 0.3)
+    node = build(short_tmp, chip("rbln0", "0000:05:00.0", npu=0))
+    preferred, fallback = short_tmp / "driver" / "rbln-smi", short_tmp / "bin" / "rbln-smi"
+    fallback.parent.mkdir()
+    fallback.symlink_to(node.smi_path)
+    monkeypatch.setenv("PATH", str(short_tmp / "empty"))
+    scanner = Scanner(
+        sysfs_root=node.sysfs_root,
+        hostio=hostio,
+        limits=ScanLimits(candidates=[preferred, fallback]),
+    )
+    marker = short_tmp / "preferred-ran"
+    await scanner.scan()
+    preferred.parent.mkdir()
+    preferred.write_text(f'#!/bin/sh\n: > {marker}\nexec {node.smi_path} "$@"\n')
+    preferred.chmod(0o755)
+    await scanner.scan()
+    assert not marker.exists()  # within the backup period: the one found keeps running
+    await asyncio.sleep(0.35)
+    assert names(await scanner.scan(), node.sysfs_root) == {RESOURCE_NPU: [("rbln0", "READY")]}
+    assert marker.exists()
 
 
 UNSUPPORTED = chip("rbln1", "0000:06:00.0", "RBLN-ZZ99", npu=1)

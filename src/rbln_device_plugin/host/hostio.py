@@ -302,18 +302,18 @@ class HostIO:
 
 
 def _work(batch: _Batch, released: Callable[[str], None]) -> bool:
-    """Run the batch's calls; True when all of them ran (the loop is still waiting)."""
+    """Run the batch's calls; True when all of them ran (the loop is still waiting).
+
+    One critical section per call: it stores the result, sees whether the loop gave up
+    meanwhile and starts the next call's clock (a status read of every device is one
+    batch, so this runs 64 times a scan on a large node)."""
     with batch.lock:
         if batch.abandoned:
             return False  # the loop gave up before we started: it answered everything
         batch.started = True
+        batch.next = 0
         batch.call_started = time.monotonic()
     for index, call in enumerate(batch.calls):
-        with batch.lock:
-            if batch.abandoned:
-                return False
-            batch.next = index
-            batch.call_started = time.monotonic()
         try:
             value: object = call.run()
         except Exception as exc:  # a reader bug must not kill the worker: the caller raises
@@ -324,6 +324,6 @@ def _work(batch: _Batch, released: Callable[[str], None]) -> bool:
                 # The loop gave up on this very call: its key was marked stuck.
                 released(call.key)
                 return False
-    with batch.lock:
-        batch.next = len(batch.calls)
+            batch.next = index + 1
+            batch.call_started = time.monotonic()
     return True

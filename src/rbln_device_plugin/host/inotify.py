@@ -21,6 +21,9 @@ from typing import Final
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.waits import wait_any
 
+IN_MODIFY: Final = 0x00000002
+IN_ATTRIB: Final = 0x00000004
+IN_CLOSE_WRITE: Final = 0x00000008
 IN_MOVED_FROM: Final = 0x00000040
 IN_MOVED_TO: Final = 0x00000080
 IN_CREATE: Final = 0x00000100
@@ -131,11 +134,16 @@ def _no_mode(mode: str, reason: str | None) -> None:
     pass
 
 
+def _nothing() -> None:
+    pass
+
+
 async def follow_entry(
     entry: WatchedEntry,
     on_change: Callable[[], object],
     until: Sequence[asyncio.Event],
     on_mode: Callable[[str, str | None], None] = _no_mode,
+    on_any: Callable[[], None] = _nothing,
 ) -> None:
     """Call ``on_change`` whenever ``entry.name`` of ``entry.directory`` may have changed.
 
@@ -143,7 +151,8 @@ async def follow_entry(
     every batch of events that names the entry or overflowed the queue, and when the
     directory itself goes, after which a new watch is tried. Without inotify it polls
     every ``entry.poll_s`` and tries inotify again each time; ``on_mode`` hears "inotify" or
-    "poll" (with the reason) before each start. Returns once any of ``until`` is set.
+    "poll" (with the reason) before each start; ``on_any`` hears of every batch of events,
+    whatever entry they name. Returns once any of ``until`` is set.
     """
     name = entry.name
     while not any(event.is_set() for event in until):
@@ -157,6 +166,7 @@ async def follow_entry(
         gone = asyncio.Event()
 
         def on_events(events: list[Event], gone: asyncio.Event = gone) -> None:
+            on_any()
             if any(e.mask & DIRECTORY_GONE for e in events):
                 gone.set()
             if gone.is_set() or any(e.name == name or e.mask & IN_Q_OVERFLOW for e in events):
@@ -176,6 +186,7 @@ async def check_entry(
     check: Callable[[], Awaitable[object]],
     until: Sequence[asyncio.Event],
     on_mode: Callable[[str, str | None], None] = _no_mode,
+    on_any: Callable[[], None] = _nothing,
 ) -> None:
     """``follow_entry`` for a check that awaits (host I/O through HostIO, off the loop).
 
@@ -195,6 +206,6 @@ async def check_entry(
 
     checker = aiotasks.start(checks(), f"check {entry.name}")
     try:
-        await follow_entry(entry, wanted.set, until, on_mode)
+        await follow_entry(entry, wanted.set, until, on_mode, on_any)
     finally:
         await aiotasks.cancel_and_wait(checker, title=f"watch of {entry.name}")

@@ -15,6 +15,7 @@ wait (see ``host.hostio``).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -48,6 +49,8 @@ from rbln_device_plugin.model.inventory import (
     screen,
     with_sysfs_missing,
 )
+from rbln_device_plugin.model.looks import LookSchedule
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import NOOP, Metrics
 
@@ -136,8 +139,11 @@ class Scanner:
         self.sysfs_root = sysfs_root
         self._metrics = metrics
         self.timeout = limits.timeout
-        # Finds the rbln-smi to run, on every scan (it may be installed after the start).
+        # Finds the rbln-smi to run (it may be installed after the start): again when the
+        # one found could not be started, and at least once a backup period.
         self._locate = partial(locate_rbln_smi, smi_path, limits.candidates)
+        self._binary: Path | None = None
+        self._lookups = LookSchedule()
         self._hostio = hostio
         self.problems = ProblemLog()
         self.facts = FactsCache()
@@ -155,12 +161,15 @@ class Scanner:
 
     async def scan(self) -> ScanResult:
         """Run discovery once. Raises DiscoveryError when the node's inventory is unknown."""
-        binary = await self._hostio.call("rbln-smi lookup", self.locate)
-        if isinstance(binary, Stalled):
-            raise DiscoveryError(f"looking for rbln-smi: {binary}")
+        binary = self._binary
+        cached = binary is not None and not self._lookups.due(time.monotonic())
+        if binary is None or not cached:
+            binary = await self._lookup()
         try:
             text = await run_smi(binary, ["-j"], self.timeout, metrics=self._metrics)
         except SmiError as exc:
+            if cached and exc.result == m.SMI_NOT_STARTED:
+                await self._lookup()  # gone or changed since it was found: say which
             raise DiscoveryError(str(exc)) from exc
         inventory = await self.inventory(text)
         problems: Sequence[Problem] = inventory.problems
@@ -172,6 +181,15 @@ class Scanner:
                 problems = with_sysfs_missing(str(self.sysfs_root), missing, problems)
         self.problems.update(problems)
         return ScanResult(resources=inventory.resources, problems=tuple(problems))
+
+    async def _lookup(self) -> Path:
+        self._binary = None
+        self._lookups.looking(time.monotonic())
+        binary = await self._hostio.call("rbln-smi lookup", self.locate)
+        if isinstance(binary, Stalled):
+            raise DiscoveryError(f"looking for rbln-smi: {binary}")
+        self._binary = binary
+        return binary
 
     async def inventory(self, text: str) -> Inventory:
         """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""

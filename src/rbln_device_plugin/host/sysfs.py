@@ -8,6 +8,7 @@ affects only that device.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -72,9 +73,12 @@ def read_status(root: Path | str, name: str) -> StatusReading:
     """The driver lifecycle status of device ``name``; never raises."""
     if not is_valid_name(name):
         return StatusReading(None, f"invalid device name {name!r}")
-    path = status_path(root, name)
+    return _read_status_at(status_path(root, name))
+
+
+def _read_status_at(path: str) -> StatusReading:
     try:
-        return parse_status(_read_small(path, _STATUS_FILE_BYTES))
+        return _parsed_status(_read_small(path, _STATUS_FILE_BYTES))
     except FileNotFoundError:
         return StatusReading(None, f"{path} does not exist")
     except OSError as exc:
@@ -83,9 +87,22 @@ def read_status(root: Path | str, name: str) -> StatusReading:
         return StatusReading(None, f"malformed status in {path}: {exc}")
 
 
+# A node's status files hold a handful of distinct texts; each scan reads every one of
+# them, so each text is parsed once (readings are immutable and shared).
+_parsed_status = functools.lru_cache(maxsize=64)(parse_status)
+
+
 def status_calls(root: Path | str, names: Sequence[str]) -> list[Call[StatusReading]]:
-    """One off-loop call per device's status read, for a ``HostIO`` batch."""
-    return [Call(status_path(root, name), partial(read_status, root, name)) for name in names]
+    """One off-loop call per device's status read, for a ``HostIO`` batch (the names are
+    checked and the paths formed here, once, not in each read)."""
+    calls: list[Call[StatusReading]] = []
+    for name in names:
+        path = status_path(root, name)
+        if is_valid_name(name):
+            calls.append(Call(path, partial(_read_status_at, path)))
+        else:
+            calls.append(Call(path, partial(read_status, root, name)))
+    return calls
 
 
 def statuses(

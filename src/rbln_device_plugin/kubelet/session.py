@@ -52,6 +52,7 @@ from rbln_device_plugin.kubelet.plugins import DeviceStates, PluginSet
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.watch import KubeletSocketWatch, kubelet_serving
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.model.looks import LookSchedule
 from rbln_device_plugin.model.streaks import FailureStreak
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
@@ -97,13 +98,19 @@ class KubeletSession:
         self._restarts_seen = 0
         self._registration_failures: dict[str, FailureStreak] = {}
         self._grace_timers: set[asyncio.TimerHandle] = set()
+        # kubelet.sock's stat and the plugins' socket looks, per scan only while the
+        # directory's watch is not live or reported a change (see ``model.looks``).
+        self._socket_looks = LookSchedule(self.watch.state)
+        self._plugin_looks = LookSchedule(self.watch.state)
 
     # ----------------------------------------------------------------- the scan loop's
     async def restart_due(self, *, look: bool = True) -> bool:
         """Whether a kubelet restart waits to be acted on (kubelet.sock looked at first).
 
         ``look=False``: no look of its own while the watch runs on inotify, which sees a
-        new socket by itself (a scan's second question, right after rbln-smi ran).
+        new socket by itself (a scan's second question, right after rbln-smi ran). With
+        ``look`` the watch is relied on likewise until it reports a change or the backup
+        look is due (``model.looks``).
         """
         event = RestartDue(asyncio.get_running_loop().create_future(), look)
         self.events.put_nowait(event)
@@ -157,7 +164,9 @@ class KubeletSession:
         self._note_restarts()
         match event:
             case RestartDue(done=due, look=look):
-                if look or self.watch.mode != "inotify":  # a stat per scan backs up the watch
+                now = asyncio.get_running_loop().time()
+                if (look and self._socket_looks.due(now)) or self.watch.mode != "inotify":
+                    self._socket_looks.looking(now)
                     await self._check_kubelet_socket()
                 else:
                     self._note_restarts()
@@ -212,9 +221,13 @@ class KubeletSession:
         # New plugin sockets go into the kubelet's directory, which only the kubelet makes:
         # looked at once a plugin is to start (an idle scan starts none, and looks not).
         can_start = _Once(self._kubelet_dir.present)
+        now = asyncio.get_running_loop().time()
+        look = self._plugin_looks.due(now)
+        if look:
+            self._plugin_looks.looking(now)
         for resource in sorted(offered):
             try:
-                await self._sync_plugin(resource, offered[resource], can_start)
+                await self._sync_plugin(resource, offered[resource], can_start, look)
             except Exception as exc:  # one resource's trouble must not cost the others
                 log.error(
                     "Cannot update device plugin; retrying next scan",
@@ -222,10 +235,10 @@ class KubeletSession:
                 )  # fmt: skip
 
     async def _sync_plugin(
-        self, resource: str, devices: Sequence[Device], can_start: _Once
+        self, resource: str, devices: Sequence[Device], can_start: _Once, look: bool
     ) -> None:
         plugin = self._plugins.get(resource)
-        if plugin is not None and not await plugin.socket_intact():
+        if plugin is not None and look and not await plugin.socket_intact():
             # With the kubelet down this is its successor cleaning the directory.
             emit = log.debug if self.kubelet is Kubelet.DOWN else log.warning
             emit(

@@ -25,13 +25,20 @@ from rbln_device_plugin.host import inotify
 from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.host.paths import FileIdentity, file_identity
 from rbln_device_plugin.kubelet.events import Events, KubeletSocketRecreated
+from rbln_device_plugin.model.looks import WatchState
 from rbln_device_plugin.telemetry.logs import get_logger
 
 # Polling is the fallback only; with inotify nothing wakes up while the node is idle.
 FALLBACK_POLL_S: Final = 1.0
 
+# Deletions too: they tell the plugins' socket looks (``state``) that something went.
 _EVENTS: Final = (
-    inotify.IN_CREATE | inotify.IN_MOVED_TO | inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF
+    inotify.IN_CREATE
+    | inotify.IN_MOVED_TO
+    | inotify.IN_DELETE
+    | inotify.IN_MOVED_FROM
+    | inotify.IN_DELETE_SELF
+    | inotify.IN_MOVE_SELF
 )
 
 log = get_logger()
@@ -80,6 +87,9 @@ class KubeletSocketWatch:
         # undo a newer one and count the same restart twice (the watch and each scan check).
         self._checking = asyncio.Lock()
         self.mode = "starting"  # "inotify" or "poll", for logs and tests
+        # Every change in the directory while the watch is live, for the looks that rely on
+        # it (this socket's, the plugins' sockets', the legacy instance lock's).
+        self.state = WatchState()
 
     async def prime(self) -> None:
         """Take the socket present now as the known one: it is no restart."""
@@ -121,7 +131,12 @@ class KubeletSocketWatch:
                 events.put_nowait(KubeletSocketRecreated())
 
         entry = inotify.WatchedEntry(self.directory, KUBELET_SOCKET, _EVENTS, FALLBACK_POLL_S)
-        await inotify.check_entry(entry, check_and_tell, (stop,), on_mode=self._set_mode)
+        try:
+            await inotify.check_entry(
+                entry, check_and_tell, (stop,), on_mode=self._set_mode, on_any=self.state.changed
+            )
+        finally:
+            self.state.set_live(False)  # nothing follows the directory now: scans look
 
     async def _stat(self) -> FileIdentity | Stalled | None:
         return await self._hostio.call(
@@ -129,6 +144,7 @@ class KubeletSocketWatch:
         )
 
     def _set_mode(self, mode: str, reason: str | None) -> None:
+        self.state.set_live(mode == "inotify")
         if mode != self.mode:
             level = log.debug if mode == "inotify" or self.mode == "starting" else log.info
             fields: dict[str, object] = {

@@ -1,23 +1,27 @@
 """Whether the container runtimes can resolve the CDI device the answers name.
 
-Checked at start and after every scan: per spec directory one bounded look, listed
-again only when the directory changed and each file read again only when it changed
-(``host.cdidirs``), the verdict from ``model.cdispec``. What the operator reads: one warn
-record when the spec goes missing, one info record when that ends (found, or no longer
-knowable), an info record when the daemon cannot tell (a directory it cannot see, a file
-it could not check that could define the device or clash with its definition; never
-taken for "missing"), a warn record when a FIFO appears where the runtimes would read
-a spec (their CDI library blocks on it for good), and the ``rbln_device_plugin_cdi_spec``
-gauge. Allocate's answers never depend on it.
+Checked at start and after every scan whose look is due (``model.looks``: the spec
+directories are watched with inotify; without a live watch every scan looks): per spec
+directory one bounded look, listed again only when the directory changed and each file
+read again only when it changed (``host.cdidirs``), the verdict from
+``model.cdispec``. What the operator reads: one warn record when the spec goes missing,
+one info record when that ends (found, or no longer knowable), an info record when the
+daemon cannot tell (a directory it cannot see, a file it could not check that could
+define the device or clash with its definition; never taken for "missing"), a warn
+record when a FIFO appears where the runtimes would read a spec (their CDI library
+blocks on it for good), and the ``rbln_device_plugin_cdi_spec`` gauge.
+Allocate's answers never depend on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any, Final
 
 from rbln_device_plugin.config import Config
+from rbln_device_plugin.host import inotify
 from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.model.cdispec import (
@@ -26,6 +30,7 @@ from rbln_device_plugin.model.cdispec import (
     SpecVerdict,
     resolve_cdi_devices,
 )
+from rbln_device_plugin.model.looks import BACKUP_S, LookSchedule, WatchState
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.telemetry.metrics import Metrics
 
@@ -41,6 +46,19 @@ HUNG: Final = (
     "containerd 2.x, and containerd 1.7 or CRI-O with CDI enabled: their CDI cache refresh "
     "waits on the FIFO with its lock held, so every container with a CDI device (any "
     "vendor's) waits at creation"
+)
+# Every way a spec file can come, go or change in place (a rewrite that keeps size and
+# mtime included), and the directory itself going.
+_DIR_EVENTS: Final = (
+    inotify.IN_CREATE
+    | inotify.IN_DELETE
+    | inotify.IN_MOVED_FROM
+    | inotify.IN_MOVED_TO
+    | inotify.IN_MODIFY
+    | inotify.IN_ATTRIB
+    | inotify.IN_CLOSE_WRITE
+    | inotify.IN_DELETE_SELF
+    | inotify.IN_MOVE_SELF
 )
 _SHOWN_FILES: Final = 16  # per field of a record; a directory of junk stays one line
 
@@ -60,14 +78,33 @@ class CdiSpecCheck:
         self._missing_since: float | None = None
         self._malformed_seen: dict[str, str] = {}
         self._hangs_seen: frozenset[str] = frozenset()
+        # The directories are looked at again only when their watches are not live or
+        # reported a change, a file could not be checked, or the backup is due.
+        self._watched = [WatchState() for _ in self._dirs]
+        self._looks = LookSchedule(*self._watched)
 
     async def check(self) -> SpecVerdict:
+        now = time.monotonic()
+        last = self.verdict
+        if last is not None and not last.unchecked and not self._looks.due(now):
+            self._metrics.cdi_spec(last.state.value)
+            return last
+        self._looks.looking(now)
         dirs = await read_spec_dirs(self._hostio, self._reader, self._dirs)
         verdict = resolve_cdi_devices(dirs, REFERENCED_DEVICES)
         previous, self.verdict = self.verdict, verdict
         self._report(previous, verdict)
         self._metrics.cdi_spec(verdict.state.value)
         return verdict
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Follow each spec directory's changes with inotify until ``stop``."""
+        await asyncio.gather(
+            *(
+                _follow(directory, state, stop)
+                for directory, state in zip(self._dirs, self._watched, strict=True)
+            )
+        )
 
     def _report(self, previous: SpecVerdict | None, verdict: SpecVerdict) -> None:
         for path, reason in verdict.malformed.items():
@@ -135,6 +172,22 @@ class CdiSpecCheck:
         if verdict.conflicts:
             fields["conflicts"] = {d: list(p) for d, p in verdict.conflicts.items()}
         return fields
+
+
+async def _follow(directory: str, state: WatchState, stop: asyncio.Event) -> None:
+    # Without inotify (or while the directory does not exist) every check looks, as the
+    # state is not live; trying inotify again once a backup period is enough.
+    entry = inotify.WatchedEntry(directory, "", _DIR_EVENTS, BACKUP_S)
+    try:
+        await inotify.follow_entry(
+            entry,
+            state.changed,
+            (stop,),
+            on_mode=lambda mode, _reason: state.set_live(mode == "inotify"),
+            on_any=state.changed,
+        )
+    finally:
+        state.set_live(False)  # nothing follows the directory now: checks look
 
 
 def _bounded(items: Mapping[str, str]) -> dict[str, str]:

@@ -171,6 +171,7 @@ async def _serve_locked(held: _Locked) -> int:
         _scan_hooks(held, watchdog),
     )
     stop, instance = held.stop, held.instance
+    instance.follow(manager.session.watch.state)  # the legacy lock file's directory
     manager_task = aiotasks.start(manager.run(stop), "manager")
     lock_watch = aiotasks.start(instance.watch(stop), "instance-lock-watch")
     stop_task = aiotasks.start(stop.wait(), "stop-signal")
@@ -207,7 +208,7 @@ def _scan_hooks(held: _Locked, watchdog: ScanWatchdog) -> ScanHooks:
 
     async def scan_started() -> None:
         watchdog.scan_started()  # a lock check that stalls is part of a stuck scan
-        await instance.check()
+        await instance.scan_check()
 
     async def kubelet_restarted() -> None:
         await instance.check()  # kubelets before 1.33 delete the legacy lock file at start

@@ -41,8 +41,10 @@ itself: that is said once (an error record naming the component in the way), and
 A lock that is no longer ours (its file was deleted or replaced and someone else now
 holds the new one, or it cannot be locked again at all) means two daemons could serve
 the node: ``check`` reports it and the daemon exits rather than share the node. The lock
-directory is watched with inotify, so a deletion is noticed at once; every scan checks
-too, as a backstop (and instead, where inotify is unavailable, a 1 s poll).
+directories are watched with inotify, so a deletion is noticed at once; a scan checks
+too, as a backstop, when a watch is not live or reported a change, and at least once a
+minute (``model.looks``; where inotify is unavailable, the primary lock is also polled
+every second).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from typing import Final
 from rbln_device_plugin.host import inotify, ownfiles
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.host.paths import ensure_dir
+from rbln_device_plugin.model.looks import BACKUP_S, LookSchedule, WatchState
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import wait_any
 
@@ -285,11 +288,15 @@ class InstanceLock:
         # The anchor comes first: it is where a second instance waits, and nothing that
         # happens to the kubelet's directory frees it while its holder lives.
         self._locks: tuple[_LockFile, ...] = (self._primary, self._legacy)
+        self._anchor: _LockFile | None = None
         if anchor is not None:
-            self._locks = (
-                _LockFile(anchor, kubelet_dir, legacy=False, parent_owned=True),
-                *self._locks,
-            )
+            self._anchor = _LockFile(anchor, kubelet_dir, legacy=False, parent_owned=True)
+            self._locks = (self._anchor, *self._locks)
+        # The scans' checks rely on the watches of the lock files' directories while they
+        # are live (``model.looks``); the legacy file's, the kubelet's directory, is the
+        # kubelet session's to watch (``follow``).
+        self._watched = {lock.path: WatchState() for lock in self._locks if not lock.legacy}
+        self._looks = LookSchedule(*self._watched.values())
         self.path = self._primary.path
         self.lost = asyncio.Event()
         self.loss: LockLoss | None = None
@@ -410,6 +417,19 @@ class InstanceLock:
             intact.append(look)
         return intact
 
+    def follow(self, kubelet_dir_changes: WatchState) -> None:
+        """The kubelet directory's watch, where the legacy lock file lives."""
+        self._looks.follow(kubelet_dir_changes)
+
+    async def scan_check(self) -> bool:
+        """A scan's ``check``: only when a watch is not live or reported a change since the
+        last one, or the backup look is due. True while held."""
+        now = time.monotonic()
+        if not self._looks.due(now):
+            return self.loss is None
+        self._looks.looking(now)
+        return await self.check()
+
     async def check(self, *, create: bool = True) -> bool:
         """Are both locks still ours? Lock a deleted or replaced file again where nobody
         holds it; otherwise record the loss and set ``lost``. True while held.
@@ -450,9 +470,27 @@ class InstanceLock:
         self.lost.set()
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Check at once whenever the primary lock's directory changes, until stop or loss."""
-        entry = inotify.WatchedEntry(self.path.parent, LOCK_NAME, _WATCH_EVENTS, FALLBACK_POLL_S)
-        await inotify.check_entry(entry, partial(self.check, create=False), (stop, self.lost))
+        """Check at once whenever a lock's directory changes, until stop or loss.
+
+        Without inotify the primary lock's directory is polled every second; the anchor's
+        is then looked at by each scan only, as the legacy file's always is."""
+        await asyncio.gather(
+            *(self._watch_one(path, state, stop) for path, state in self._watched.items())
+        )
+
+    async def _watch_one(self, path: Path, state: WatchState, stop: asyncio.Event) -> None:
+        poll_s = FALLBACK_POLL_S if path == self.path else BACKUP_S
+        entry = inotify.WatchedEntry(path.parent, path.name, _WATCH_EVENTS, poll_s)
+        try:
+            await inotify.check_entry(
+                entry,
+                partial(self.check, create=False),
+                (stop, self.lost),
+                on_mode=lambda mode, _reason: state.set_live(mode == "inotify"),
+                on_any=state.changed,
+            )
+        finally:
+            state.set_live(False)  # nothing follows the directory now: scans look
 
     def release(self) -> None:
         for lock in reversed(self._locks):

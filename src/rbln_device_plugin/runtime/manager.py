@@ -14,6 +14,7 @@ session never waits for the kubelet.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ class Manager:
         await self.session.clean_cdi()
         await self._check_cdi_spec()  # once before the first scan: its record comes first
         session = aiotasks.start(self.session.run(stop), "kubelet-session")
+        cdi_watch = aiotasks.start(self.cdi_check.watch(stop), "cdi-spec-watch")
         loop = asyncio.get_running_loop()
         interval = self._config.scan_interval
         next_scan = loop.time()
@@ -102,7 +104,7 @@ class Manager:
                 await wait_any(stop, self._wake, timeout=max(0.0, next_scan - loop.time()))
                 self._wake.clear()
         finally:
-            await aiotasks.cancel_and_wait(session, title="scan loop")
+            await aiotasks.cancel_and_wait(session, cdi_watch, title="scan loop")
             await self.session.stop_plugins()
 
     async def _scan_once(self) -> None:
@@ -148,6 +150,8 @@ class Manager:
         if self._metrics.enabled:
             self._count_changes(discovery)
         self._metrics.scan(discovery.outcome, time.monotonic() - started)
+        if not log.is_enabled_for(logging.DEBUG):
+            return  # counting the tasks is most of the record's cost
         log.debug(
             "Reconciled device inventory",
             resourceCount=len(self.session.plugins),
