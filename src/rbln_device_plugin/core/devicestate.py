@@ -12,6 +12,7 @@ off-loop batch), then an immutable snapshot the front end prepares containers fr
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -57,6 +58,7 @@ class DeviceState:
         self._closed = False
         self.announced = False
         self._status_calls: tuple[tuple[str, ...], list[Call[StatusReading]]] = ((), [])
+        self._status_devices: Sequence[Device] | None = None
 
     @property
     def entries(self) -> Mapping[str, Entry]:
@@ -152,15 +154,20 @@ class DeviceState:
 
     async def _read_statuses(self, devices: Sequence[Device]) -> dict[str, StatusReading]:
         """One off-loop batch of status reads; a read that hangs counts as unreadable."""
-        names = tuple(d.name for d in devices)
-        if names != self._status_calls[0]:  # the calls are kept while the devices stay
-            self._status_calls = (names, sysfs.status_calls(self._sysfs_root, names))
-        results = await self._hostio.map(self._status_calls[1])
+        if devices is not self._status_devices:  # an idle scan hands over the same list
+            names = tuple(d.name for d in devices)
+            if names != self._status_calls[0]:  # the calls are kept while the devices stay
+                self._status_calls = (names, sysfs.status_calls(self._sysfs_root, names))
+            self._status_devices = devices
+        names, calls = self._status_calls
+        results = await self._hostio.map(calls)
         readings = sysfs.statuses(names, results)
         self._log_unreadable(readings)
         return readings
 
     def _log_unreadable(self, readings: Mapping[str, StatusReading]) -> None:
+        if not log.is_enabled_for(logging.DEBUG):
+            return  # 64 property reads a scan on a large node, for records nobody sees
         root = self._sysfs_root
         for name, reading in readings.items():
             if not reading.readable:

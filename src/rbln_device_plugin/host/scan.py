@@ -152,6 +152,7 @@ class Scanner:
         self._screening = Screening(())
         self._parse_problems: tuple[Problem, ...] = ()
         self._last_inventory: Inventory | None = None
+        self._facts_complete = False  # every fact of the last inventory is in the cache
         # Some device's PCI directory did not exist in the last facts read.
         self._unseen = False
 
@@ -194,7 +195,7 @@ class Scanner:
     async def inventory(self, text: str) -> Inventory:
         """Everything a scan does after rbln-smi returned: parse, sysfs facts, classify."""
         last = self._last_inventory
-        if text == self._last_output and last is not None and self._facts_cached():
+        if text == self._last_output and last is not None and self._facts_complete:
             return last  # the same listing, every fact of it known: the same inventory
         if text != self._last_output:
             records, parse_problems = parse_inventory(text)  # DiscoveryError: cache untouched
@@ -207,6 +208,8 @@ class Scanner:
         classified = inventory_from(self._screening, facts)
         inventory = Inventory(classified.resources, (*self._parse_problems, *classified.problems))
         self._last_inventory = inventory
+        # Only this method changes the cache: what it holds now stays until the next read.
+        self._facts_complete = self._facts_cached()
         return inventory
 
     def _facts_cached(self) -> bool:

@@ -109,6 +109,8 @@ def statuses(
     names: Sequence[str], results: Sequence[StatusReading | Stalled]
 ) -> dict[str, StatusReading]:
     """The readings of ``status_calls``' batch by device; a stalled read is unreadable."""
+    if Stalled not in map(type, results):  # the usual case, checked without a Python loop
+        return dict(zip(names, results, strict=True))  # type: ignore[arg-type]
     return {
         name: StatusReading(None, str(result)) if isinstance(result, Stalled) else result
         for name, result in zip(names, results, strict=True)
