@@ -76,7 +76,7 @@ class Watch:
                 data = os.read(self.fd, 1 << 16)
             except BlockingIOError:
                 return opened, listed
-            for event in parse_events(data):
+            for _, event in parse_events(data):
                 if event.mask & IN_OPEN and event.name:
                     opened.add(event.name)
                 if event.mask & IN_ACCESS and not event.name:

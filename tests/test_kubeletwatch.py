@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -131,9 +132,9 @@ def test_parse_events_splits_padded_names() -> None:
 
     data = raw(inotify.IN_CREATE, b"kubelet.sock") + raw(inotify.IN_MOVED_TO, b"x")
     events = inotify.parse_events(data)
-    assert [(e.mask, e.name) for e in events] == [
-        (inotify.IN_CREATE, "kubelet.sock"),
-        (inotify.IN_MOVED_TO, "x"),
+    assert [(wd, e.mask, e.name) for wd, e in events] == [
+        (1, inotify.IN_CREATE, "kubelet.sock"),
+        (1, inotify.IN_MOVED_TO, "x"),
     ]
 
 
@@ -247,3 +248,38 @@ async def test_a_stat_that_returns_late_never_counts_one_restart_twice(
     assert restarts == ["restart"]
     assert await socket_watch.check() is False  # settled on the new socket
     kubelet.stop()
+
+
+async def test_a_directory_removed_while_a_socket_inside_holds_it_is_watched_anew(
+    tmp_path: Path,
+) -> None:
+    """A unix socket bound in the directory (the daemon's own plugin socket) keeps it
+    alive after ``rm -r``: its own deletion event waits for the socket to close. The
+    parent's watch says at once that the path leads elsewhere, and a directory made
+    again there is watched, so a kubelet.sock made in it is seen."""
+    directory = tmp_path / "device-plugins"
+    directory.mkdir()
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    held.bind(str(directory / "plugin.sock"))
+    modes: list[str] = []
+    changes = asyncio.Event()
+    stop = asyncio.Event()
+    entry = inotify.WatchedEntry(directory, "kubelet.sock", inotify.IN_CREATE, 0.05)
+    watch = asyncio.create_task(
+        inotify.follow_entry(entry, changes.set, (stop,), lambda mode, _: modes.append(mode))
+    )
+    try:
+        await asyncio.wait_for(changes.wait(), 10)  # the first call as the watch starts
+        changes.clear()
+        shutil.rmtree(directory)
+        directory.mkdir()
+        async with asyncio.timeout(10):
+            while modes.count("inotify") < 2:  # the new directory is watched
+                await changes.wait()
+                changes.clear()
+        (directory / "kubelet.sock").write_text("")
+        await asyncio.wait_for(changes.wait(), 10)
+    finally:
+        stop.set()
+        held.close()
+        await asyncio.wait_for(watch, 10)

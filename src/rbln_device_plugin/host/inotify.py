@@ -62,8 +62,19 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
+# What the parent's watch follows: the watched directory's own name coming and going.
+_PARENT_EVENTS: Final = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ONLYDIR
+
+
 class DirectoryWatch:
-    """Delivers events about entries of one directory to ``on_events`` on the loop."""
+    """Delivers events about entries of one directory to ``on_events`` on the loop.
+
+    The directory's parent is watched too, for the directory's own name: a directory
+    removed while something still holds it (a unix socket bound inside keeps it, so a
+    daemon's own plugin socket does) reports its own deletion only once the last holder
+    lets go, and a directory made again at the path is a new one this watch does not see.
+    The parent reports the removal (or a rename) at once, as ``IN_DELETE_SELF``.
+    """
 
     def __init__(self, directory: os.PathLike[str] | str, mask: int) -> None:
         try:
@@ -75,11 +86,20 @@ class DirectoryWatch:
             code = ctypes.get_errno()
             raise InotifyUnavailable(code, f"inotify_init1: {os.strerror(code)}")
         path = os.fsencode(directory)
-        if libc.inotify_add_watch(fd, path, mask | IN_ONLYDIR) < 0:
+        wd = libc.inotify_add_watch(fd, path, mask | IN_ONLYDIR)
+        if wd < 0:
             code = ctypes.get_errno()
             os.close(fd)
             raise InotifyUnavailable(code, f"inotify_add_watch {directory!s}: {os.strerror(code)}")
         self._fd: int | None = fd
+        self._parent_wd = -1
+        parent, self._name = os.path.split(os.path.normpath(path))
+        if parent and self._name:
+            # Best effort: without it (an unreadable parent) the directory's own events and
+            # the readers' backup looks remain.
+            parent_wd = libc.inotify_add_watch(fd, parent, _PARENT_EVENTS)
+            if parent_wd >= 0 and parent_wd != wd:
+                self._parent_wd = parent_wd
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, on_events: Callable[[list[Event]], None]) -> None:
@@ -95,7 +115,14 @@ class DirectoryWatch:
             data = os.read(self._fd, _READ_SIZE)
         except BlockingIOError:
             return
-        on_events(parse_events(data))
+        events: list[Event] = []
+        for wd, event in parse_events(data):
+            if wd != self._parent_wd or event.mask & IN_Q_OVERFLOW:
+                events.append(event)
+            elif os.fsencode(event.name) == self._name or event.mask & DIRECTORY_GONE:
+                events.append(Event(IN_DELETE_SELF, ""))  # the path leads elsewhere now
+        if events:
+            on_events(events)
 
     def close(self) -> None:
         if self._fd is None:
@@ -106,15 +133,16 @@ class DirectoryWatch:
         self._fd = None
 
 
-def parse_events(data: bytes) -> list[Event]:
-    """Split a read of the inotify descriptor into events (names are NUL-padded)."""
-    events: list[Event] = []
+def parse_events(data: bytes) -> list[tuple[int, Event]]:
+    """Split a read of the inotify descriptor into (watch descriptor, event) pairs (names
+    are NUL-padded)."""
+    events: list[tuple[int, Event]] = []
     offset = 0
     while offset + _HEADER.size <= len(data):
-        _, mask, _, length = _HEADER.unpack_from(data, offset)
+        wd, mask, _, length = _HEADER.unpack_from(data, offset)
         start = offset + _HEADER.size
         raw = data[start : start + length].split(b"\0", 1)[0]
-        events.append(Event(mask, os.fsdecode(raw)))
+        events.append((wd, Event(mask, os.fsdecode(raw))))
         offset = start + length
     return events
 
