@@ -31,6 +31,16 @@ async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> bool
     return any(event.is_set() for event in events)
 
 
+async def wait_set(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
+    """``wait_any`` for one event: no task of its own, so it suits a loop that waits once a
+    turn (the scan loop); True when the event is set."""
+    if not event.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+    return event.is_set()
+
+
 async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     """Run ``work``; cancel it when ``stop`` is set first. True when it completed.
 

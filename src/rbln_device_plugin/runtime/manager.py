@@ -27,13 +27,18 @@ from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.session import KubeletSession
 from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
 from rbln_device_plugin.telemetry.logs import get_logger
-from rbln_device_plugin.waits import unless_stopped, wait_any
+from rbln_device_plugin.waits import unless_stopped, wait_set
 
 log = get_logger()
 
 
 async def _nothing() -> None:
     pass
+
+
+async def _relay(stop: asyncio.Event, wake: asyncio.Event) -> None:
+    await stop.wait()
+    wake.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,8 @@ class Manager:
         await self._check_cdi_spec()  # once before the first scan: its record comes first
         session = aiotasks.start(self.session.run(stop), "kubelet-session")
         cdi_watch = aiotasks.start(self.cdi_check.watch(stop), "cdi-spec-watch")
+        # The stop wakes the wait between scans, which then waits on one event alone.
+        stopping = aiotasks.start(_relay(stop, self._wake), "scan-loop-stop")
         loop = asyncio.get_running_loop()
         interval = self._config.scan_interval
         next_scan = loop.time()
@@ -101,10 +108,10 @@ class Manager:
                     if next_scan <= now:  # a scan outlasted the interval: skip, don't pile up
                         next_scan = now + interval
                 # Woken early (kubelet restart, lost stream): reconcile now, keep the schedule.
-                await wait_any(stop, self._wake, timeout=max(0.0, next_scan - loop.time()))
+                await wait_set(self._wake, max(0.0, next_scan - loop.time()))
                 self._wake.clear()
         finally:
-            await aiotasks.cancel_and_wait(session, cdi_watch, title="scan loop")
+            await aiotasks.cancel_and_wait(session, cdi_watch, stopping, title="scan loop")
             await self.session.stop_plugins()
 
     async def _scan_once(self) -> None:
