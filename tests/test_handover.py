@@ -3,7 +3,7 @@ surge successor takes over while the running instance still serves, and faults a
 step leave nothing behind and never two installations serving.
 
 The kubelet stand-in keeps one endpoint per resource (a new registration replaces the
-old one, as kubelets before 1.36 do for Allocate); tests/test_kubelet_peer.py runs the
+old one, as the 1.34 kubelet does for Allocate); tests/test_kubelet_peer.py runs the
 same hand-over against the kubelet's own device manager, 1.34 and 1.37.
 """
 

@@ -14,13 +14,13 @@ How (``model.handover`` has the messages):
    to the open file, so from this moment the lock is held while either process lives:
    nothing else can take it between the two, whichever of them is killed when.
 3. The successor serves on plugin sockets of its own (each instance's names carry its
-   token), and the kubelet keeps both endpoints (1.36 and later) and sends Allocate to
+   token), and the kubelet keeps both endpoints (1.37) and sends Allocate to
    the newest. Once every resource is registered, the successor's readiness says so
    (the ``registered`` health service) and it tells the holder ``serving``; the holder
    then registers nothing again (a kubelet restart leaves only the successor registered).
 4. On its stop signal the holder says ``leaving``, refuses every Allocate from then on
    (UNAVAILABLE), stops its servers and removes its sockets, and exits; the kubelet
-   keeps the successor's endpoint. A kubelet with one endpoint per resource (before 1.36)
+   keeps the successor's endpoint. A kubelet with one endpoint per resource (1.34)
    cuts the successor's stream with the holder's: told ``leaving``, the successor
    registers again at once instead of after the usual grace.
 
