@@ -122,9 +122,9 @@ def remove_if_ours(socket_path: Path, identity: paths.FileIdentity | None) -> No
 
 
 def remove_instance_sockets(directory: Path, token: str | None, keep: str) -> list[str]:
-    """Remove the plugin sockets of an instance that is gone: those carrying ``token``, or
-    with None those of every instance but ``keep`` (see ``resources.socket_name``); their
-    names.
+    """Remove the plugin sockets of an instance that is gone: those carrying ``token`` (""
+    the fixed names), or with None those of every instance but ``keep`` (see
+    ``resources.socket_name``); their names.
 
     Only a socket by a name of ours is removed, looked at without following it; the
     kubelet's own socket and any other plugin's never match.

@@ -34,7 +34,7 @@ class Hello:
 @dataclass(frozen=True, slots=True)
 class Accept:
     pid: int
-    token: str
+    token: str  # its sockets' token: "" for the fixed names
     locks: tuple[bool, ...]  # per instance-lock file: whether its descriptor is attached
 
 
@@ -90,7 +90,7 @@ def decode(line: bytes) -> Message:
         locks = body.get("locks")
         if not isinstance(locks, list) or not all(isinstance(x, bool) for x in locks):
             raise ProtocolError("accept without its locks")
-        return Accept(_pid(body), _token(body), tuple(locks))
+        return Accept(_pid(body), _token(body, fixed=True), tuple(locks))
     if kind == "refuse":
         return Refuse(_text(body, "reason"))
     if kind == "serving":
@@ -114,8 +114,11 @@ def _pid(body: dict[str, object]) -> int:
     return pid
 
 
-def _token(body: dict[str, object]) -> str:
+def _token(body: dict[str, object], *, fixed: bool = False) -> str:
+    """An instance token; with ``fixed`` also "" (a holder on the fixed socket names)."""
     token = _text(body, "token")
+    if fixed and not token:
+        return token
     if len(token) != INSTANCE_TOKEN_LEN or any(c not in "0123456789abcdef" for c in token):
         raise ProtocolError("token is not an instance token")
     return token

@@ -179,7 +179,7 @@ async def _serve_locked(held: _Locked) -> int:
     over = held.handover
     services = SharedServices(
         held.config, traces.tracer, held.hostio, held.recorder,
-        instance_token=over.token if over is not None else "",
+        instance_token=over.socket_token if over is not None else "",
     )  # fmt: skip
     manager = Manager(services, _scan_hooks(held, watchdog))
     stop, instance = held.stop, held.instance

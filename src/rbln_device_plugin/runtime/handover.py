@@ -13,11 +13,12 @@ How (``model.handover`` has the messages):
    user and installation and answers with its instance-lock descriptors. A flock belongs
    to the open file, so from this moment the lock is held while either process lives:
    nothing else can take it between the two, whichever of them is killed when.
-3. The successor serves on plugin sockets of its own (each instance's names carry its
-   token), and the kubelet keeps both endpoints (1.37) and sends Allocate to
-   the newest. Once every resource is registered, the successor's readiness says so
-   (the ``registered`` health service) and it tells the holder ``serving``; the holder
-   then registers nothing again (a kubelet restart leaves only the successor registered).
+3. The successor serves on plugin sockets of its own (their names carry its token; an
+   instance that took the lock from a free file keeps the fixed names), and the kubelet
+   keeps both endpoints (1.37) and sends Allocate to the newest. Once every resource is
+   registered, the successor's readiness says so (the ``registered`` health service)
+   and it tells the holder ``serving``; the holder then registers nothing again (a
+   kubelet restart leaves only the successor registered).
 4. On its stop signal the holder says ``leaving``, refuses every Allocate from then on
    (UNAVAILABLE), stops its servers and removes its sockets, and exits; the kubelet
    keeps the successor's endpoint. A kubelet with one endpoint per resource (1.34)
@@ -152,6 +153,12 @@ class Handover:
         return fds
 
     @property
+    def socket_token(self) -> str:
+        """The token in this instance's socket names: its own once it took over from a
+        running instance, else none (the fixed names, as without an installation)."""
+        return self.token if self._lock.taken_over else ""
+
+    @property
     def taking_over(self) -> bool:
         """The predecessor still lives."""
         return self._link is not None and not self._link.successor
@@ -261,7 +268,8 @@ class Handover:
                 return
             held = self._lock.held_fds()
             attached = [fd for fd in held if fd is not None]
-            accept = proto.Accept(os.getpid(), self.token, tuple(fd is not None for fd in held))
+            locks = tuple(fd is not None for fd in held)
+            accept = proto.Accept(os.getpid(), self.socket_token, locks)
             handoversock.send(conn, proto.encode(accept), attached)
             self._link = _Link(conn, reader, hello.pid, hello.token, successor=True)
             keep = True
@@ -276,7 +284,7 @@ class Handover:
 
     async def _remove_sockets(self, token: str | None) -> list[str]:
         directory = self._kubelet_dir
-        removal = partial(pluginsocket.remove_instance_sockets, directory, token, self.token)
+        removal = partial(pluginsocket.remove_instance_sockets, directory, token, self.socket_token)
         removed = await self._hostio.call(str(directory), removal)
         if isinstance(removed, Stalled):
             return []
