@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -456,20 +456,30 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
             f"{config.origin('metrics_otlp')}: OTLP metrics need a collector; set "
             f"{endpoint.flag} or {endpoint.env}"
         )
-    longest = resources.LONGEST_SOCKET_NAME
-    if config.installation:  # each instance's sockets carry its token
-        longest = longest.replace(".sock", "." + "0" * resources.INSTANCE_TOKEN_LEN + ".sock")
-    socket_path = config.kubelet_dir / longest
+    socket_path = config.kubelet_dir / resources.LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
         raise ConfigError(
             f"{config.origin('kubelet_dir')}: {config.kubelet_dir} is too long for unix "
             f"sockets (socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
         )
-    handover = config.rsd_lock_path.parent / HANDOVER_SOCKET_NAME
-    if config.installation and len(str(handover)) > _UNIX_SOCKET_PATH_MAX:
-        raise ConfigError(
-            f"{config.origin('installation')}: the hand-over socket {handover} beside "
-            f"{config.origin('rsd_lock_path')} is too long for a unix socket (at most "
-            f"{_UNIX_SOCKET_PATH_MAX} bytes)"
-        )
+    return _installation_fits(config)
+
+
+def _installation_fits(config: Config) -> Config:
+    """An installation whose sockets cannot be named: a warning, and none (the instance
+    then waits for a running one as without an installation, and is waited for)."""
+    if not config.installation:
+        return config
+    tokened = resources.socket_name(resources.NPU_VF4.name, "0" * resources.INSTANCE_TOKEN_LEN)
+    for path in (
+        config.kubelet_dir / tokened,
+        config.rsd_lock_path.parent / HANDOVER_SOCKET_NAME,
+    ):
+        if len(str(path)) > _UNIX_SOCKET_PATH_MAX:
+            why = (
+                f"{path} would be longer than a unix socket allows ({_UNIX_SOCKET_PATH_MAX} "
+                "bytes): no hand-over; a successor waits for this instance to exit"
+            )
+            ignored = (*config.ignored, (config.origin("installation"), config.installation, why))
+            return replace(config, installation="", ignored=ignored)
     return config

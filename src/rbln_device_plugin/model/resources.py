@@ -25,7 +25,7 @@ def socket_slug(name: str) -> str:
 # runtime.handover) serves on sockets of its own: the kubelet keeps one endpoint per
 # socket path, so a successor's sockets stand beside its predecessor's instead of
 # replacing them. The token is this many hex digits, after a dot, which no slug contains.
-INSTANCE_TOKEN_LEN: Final = 8
+INSTANCE_TOKEN_LEN: Final = 4
 
 
 def socket_name(name: str, token: str = "") -> str:

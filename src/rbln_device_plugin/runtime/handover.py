@@ -51,6 +51,7 @@ from rbln_device_plugin.host import handoversock, pluginsocket
 from rbln_device_plugin.host.handoversock import HandoverSocketError, LineReader
 from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.model import handover as proto
+from rbln_device_plugin.model.resources import INSTANCE_TOKEN_LEN
 from rbln_device_plugin.runtime.instancelock import InstanceLock
 from rbln_device_plugin.telemetry.logs import get_logger
 
@@ -148,6 +149,8 @@ class Handover:
             fds.append(next(received, None) if attached else None)
         for extra in received:
             os.close(extra)
+        while self.token == answer.token:  # short tokens: never the holder's names
+            self.token = new_token()
         self._link = _Link(sock, reader, answer.pid, answer.token, successor=False)
         log.debug("Taking over from the running instance", predecessorPid=answer.pid)
         return fds
@@ -321,4 +324,4 @@ class Handover:
 
 
 def new_token() -> str:
-    return os.urandom(4).hex()
+    return os.urandom(INSTANCE_TOKEN_LEN).hex()[:INSTANCE_TOKEN_LEN]
