@@ -106,9 +106,8 @@ async def test_a_successor_of_the_same_installation_takes_over_while_the_first_s
             # The successor alone now: its sockets, its lock, its devices at the kubelet.
             assert plugin_sockets(h) == {new_token: tokens[new_token]}
             assert held_by(h, second)
-            view = h.kubelet.view(NPU)
-            assert view is not None and len(view.devices) == 4
-            assert instance_token_of(view.endpoint) == new_token
+            view = await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+            assert instance_token_of(view.endpoint) == new_token and view.ended is None
             assert second.proc.poll() is None
         finally:
             second.kill()
