@@ -337,6 +337,64 @@ def test_helm_upgrade_rolls_the_plugin_without_two_instances_or_touching_pods(
     install(plugin)  # back to the suite's settings
 
 
+def _longest_both(serving: list[tuple[float, int]]) -> float:
+    """The longest stretch of samples with two serving instances."""
+    longest, since = 0.0, None
+    for at, count in serving:
+        if count >= 2 and since is None:
+            since = at
+        elif count < 2 and since is not None:
+            longest, since = max(longest, at - since), None
+    return longest
+
+
+def test_helm_upgrade_with_the_surge_handover_keeps_allocatable_and_pods(
+    plugin: Cluster, consumers: Consumers
+) -> None:
+    """devicePlugin.surgeHandover: the new pod takes over while the old one serves; the
+    node's allocatable never drops below the expected count (1.37.2's kubelet)."""
+    install(plugin, "devicePlugin.surgeHandover=true")  # pods that hand over
+    held = consumers.start("npu-during-surge", {NPU: 1})
+    (before,) = ready_plugin_pods(plugin)
+    sampler = Sampler(plugin)
+    started = []
+    try:
+        plugin.install_chart(
+            RELEASE, NAMESPACE,
+            sets=[*PLUGIN_SETS, "devicePlugin.surgeHandover=true",
+                  "devicePlugin.deviceScanInterval=2s"],
+        )  # fmt: skip
+
+        def replaced() -> bool:
+            # One new pod while the rollout runs: a pod asking for one NPU every second.
+            if len(started) < 3 and time.monotonic() - (started[-1][0] if started else 0) >= 1:
+                name = f"npu-surge-{len(started)}"
+                plugin.delete_pod(name)
+                plugin.apply(consumer(name, {NPU: 1}))
+                started.append((time.monotonic(), name))
+            pods = ready_plugin_pods(plugin)
+            return len(pods) == 1 and pods[0]["metadata"]["uid"] != before["metadata"]["uid"]
+
+        wait_for("the new plugin pod Ready", replaced, diagnose=plugin.diagnose)
+        wait_for("one serving instance", lambda: len(plugin.serving_plugins()) == 1)
+    finally:
+        sampler.finish()
+    lowest = min(count for _, count in sampler.allocatable)
+    plugin.say(
+        f"surge hand-over: longest time both instances served "
+        f"{_longest_both(sampler.serving):.1f} s, longest time allocatable {NPU} was 0: "
+        f"{sampler.longest_zero():.1f} s, lowest {lowest} ({len(sampler.allocatable)} samples)"
+    )
+    assert lowest >= EXPECTED[NPU], sampler.allocatable
+    assert held.untouched()
+    # Every pod created during the rollout was admitted and runs (none failed admission).
+    for _, name in started:
+        plugin.wait_pod_phase(name, "Running")
+    for _, name in started:
+        plugin.delete_pod(name)
+    install(plugin)  # back to the suite's settings
+
+
 # ---------------------------------------------------------------- 7. a VF
 def test_a_pod_asking_for_a_vf4_gets_its_vf_and_a_group_of_it_alone(
     plugin: Cluster, consumers: Consumers
