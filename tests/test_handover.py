@@ -14,15 +14,23 @@ import os
 import signal
 from pathlib import Path
 
-from rbln_device_plugin.config import HANDOVER_SOCKET_NAME
+import grpc
+import pytest
+
+from rbln_device_plugin.config import HANDOVER_SOCKET_NAME, Config
+from rbln_device_plugin.host.scan import ScanResult
+from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.resources import instance_token_of
 from rbln_device_plugin.runtime.handover import HANDED_OVER_MSG, TOOK_OVER_MSG
 from rbln_device_plugin.runtime.instancelock import ANCHOR_NAME
+from rbln_device_plugin.telemetry.tracing import disabled
 
 from .daemon_process import DaemonProcess
 from .fault_helpers import NPU, FaultHarness, launch, lock_is_free
+from .inprocess import ScriptedScanner, managing
 from .probes import health, health_port
 from .test_instance import WAITING, lock_holders
+from .test_manager import device
 
 INSTALLATION = "kube-system/rbln-device-plugin"
 ONE = ["--installation", INSTALLATION, "--healthcheck-port", "0"]
@@ -216,3 +224,22 @@ async def test_a_kubelet_restart_during_the_hand_over_leaves_the_successor_regis
             assert set(plugin_sockets(h)) == {new_token}
         finally:
             second.kill()
+
+
+async def test_an_instance_that_began_to_step_down_answers_no_allocate(short_tmp: Path) -> None:
+    """The kubelet's other endpoint (a successor's) is the one to answer: a leaving
+    instance refuses with UNAVAILABLE from the first moment of its stop."""
+    made: list[SharedServices] = []
+
+    def services(config: Config) -> SharedServices:
+        made.append(SharedServices(config, disabled().tracer))
+        return made[0]
+
+    scanner = ScriptedScanner(lambda _: ScanResult({NPU: (device(0), device(1))}))
+    async with managing(short_tmp, scanner, services=services) as (_, kubelet):
+        await kubelet.wait_for(NPU, lambda v: len(v.devices) == 2)
+        made[0].stepping_down.set()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await kubelet.allocate(NPU, [["rbln0"]])
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in str(refused.value.details())
