@@ -156,6 +156,8 @@ async def test_a_successor_killed_before_it_is_registered_leaves_nothing_behind(
         second.kill()  # SIGKILL: its sockets and its copy of the lock stay behind it
         second.proc.wait(EXIT_WAIT_S)
         await h.daemon.await_log("The successor ended before this instance stopped; serving on")
+        # Its plugins start anew (the kubelet may point at the successor's endpoint).
+        await h.daemon.await_log("Registered device plugin with kubelet", count=2)
         assert set(plugin_sockets(h)) == {old_token}
         assert held_by(h, h.daemon)
         view = await h.kubelet.wait_for(

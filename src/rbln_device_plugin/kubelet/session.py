@@ -60,9 +60,10 @@ from rbln_device_plugin.telemetry.logs import get_logger
 # A kubelet restart also ends every stream. Wait this long for its new socket before
 # treating an ended stream as lost on its own (and saying so).
 STREAM_LOSS_GRACE_S: Final = 0.5
-# After the previous instance of this installation said it leaves: a kubelet with one
-# endpoint per resource cuts this instance's streams with its own, within this long.
-PREDECESSOR_LEAVING_S: Final = 10.0
+# After the other instance of this installation leaves or is gone: a kubelet with one
+# endpoint per resource cuts this instance's streams with its own within this long, and
+# such a stream is registered again at once (no restart to wait for).
+OTHER_LEAVING_S: Final = 10.0
 
 log = get_logger()
 
@@ -104,7 +105,7 @@ class KubeletSession:
         # A successor of this installation serves: nothing registers again (see
         # runtime.handover), so the kubelet keeps the successor's endpoints alone.
         self.handed_over = False
-        self._predecessor_leaving_until = 0.0
+        self._other_leaving_until = 0.0
         self._reconciled = False
         # Set once every offered resource is registered (after the first reconcile).
         self.registered = asyncio.Event()
@@ -193,13 +194,15 @@ class KubeletSession:
                 self._wake_scan.set()
             case KubeletSocketRecreated():
                 pass  # counted by _note_restarts, like a restart any check found
-            case HandoverNews(handed_over=handed_over, predecessor_leaving=leaving):
-                if leaving:
+            case HandoverNews(handed_over=handed_over, predecessor_leaving=leaving, restart=again):
+                if leaving or again:
                     loop = asyncio.get_running_loop()
-                    self._predecessor_leaving_until = loop.time() + PREDECESSOR_LEAVING_S
+                    self._other_leaving_until = loop.time() + OTHER_LEAVING_S
                 if handed_over is not None:
                     self.handed_over = handed_over
                     if not handed_over:
+                        if again:
+                            await self.stop_plugins()
                         self._wake_scan.set()  # register whatever is not registered
 
     def _note_restarts(self) -> None:
@@ -321,9 +324,9 @@ class KubeletSession:
     # ----------------------------------------------------------------- lost streams
     def _after_grace(self, ref: PluginRef) -> None:
         loop = asyncio.get_running_loop()
-        if loop.time() < self._predecessor_leaving_until:
-            # The leaving instance's kubelet cut this stream with its own (see
-            # PREDECESSOR_LEAVING_S): no restart to wait for.
+        if loop.time() < self._other_leaving_until:
+            # The kubelet cut this stream with the other instance's (see
+            # OTHER_LEAVING_S): no restart to wait for.
             self.events.put_nowait(StreamLossSettled(ref))
             return
 
@@ -354,8 +357,8 @@ class KubeletSession:
             return
         # The kubelet never reopens a stream on its own: register again.
         loop = asyncio.get_running_loop()
-        if plugin is not None and loop.time() < self._predecessor_leaving_until:
-            log.debug("ListAndWatch stream ended with the previous instance's; registering "
+        if plugin is not None and loop.time() < self._other_leaving_until:
+            log.debug("ListAndWatch stream ended with the other instance's; registering "
                       "again", resourceName=ref.resource)  # fmt: skip
             plugin.register_in_background(self.watch.identity)
             return

@@ -238,8 +238,11 @@ def _handover_hooks(recorder: m.Metrics, session: KubeletSession) -> HandoverHoo
         session.handover(HandoverNews(handed_over=True))
         recorder.instance_state(m.STATE_HANDED_OVER)
 
-    async def successor_gone() -> None:
-        session.handover(HandoverNews(handed_over=False))
+    async def successor_gone(_: bool) -> None:
+        # The successor may have registered (whether or not it said so in time): with
+        # one endpoint per resource (1.34) the kubelet would still point at it, so the
+        # plugins start anew and register.
+        session.handover(HandoverNews(handed_over=False, restart=True))
         recorder.instance_state(m.STATE_SERVING)
 
     async def predecessor_leaving() -> None:

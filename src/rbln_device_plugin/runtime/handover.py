@@ -66,12 +66,17 @@ async def _nothing() -> None:
     pass
 
 
+async def _served_nothing(_: bool) -> None:
+    pass
+
+
 @dataclass(frozen=True, slots=True)
 class HandoverHooks:
     """What the daemon does when the other instance does something."""
 
     successor_serving: Callable[[], Awaitable[None]] = _nothing
-    successor_gone: Callable[[], Awaitable[None]] = _nothing
+    # True when the successor had served (every resource registered) before it went.
+    successor_gone: Callable[[bool], Awaitable[None]] = _served_nothing
     predecessor_leaving: Callable[[], Awaitable[None]] = _nothing
     predecessor_gone: Callable[[], Awaitable[None]] = _nothing
 
@@ -222,7 +227,7 @@ class Handover:
             log.info("The successor ended before this instance stopped; serving on",
                      successorPid=link.pid, successorServed=link.serving_since is not None,
                      removedSockets=removed)  # fmt: skip
-            await self._hooks.successor_gone()
+            await self._hooks.successor_gone(link.serving_since is not None)
         else:
             both = 0.0
             if self._registered_at is not None:
