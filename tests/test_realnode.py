@@ -370,6 +370,17 @@ def upgrade_with_surge(plugin: Cluster, held: Consumer) -> SurgeReport:
     """``helm upgrade`` with devicePlugin.surgeHandover (the pods it replaces have it
     already) while allocatable is watched and a pod asking for one NPU is created every
     second; every such pod runs with the devices the plugin handed out, none shared."""
+    # The rollout that brought the pods in has ended (a surge pod that is not ready yet
+    # would be deleted by this upgrade's rollout: a fault case of its own).
+    wait_for(
+        "one plugin pod, ready and alone serving",
+        lambda: (
+            len(plugin.plugin_pods(NAMESPACE)) == 1
+            and len(ready_plugin_pods(plugin)) == 1
+            and len(plugin.serving_plugins()) == 1
+        ),
+        diagnose=plugin.diagnose,
+    )
     (before,) = ready_plugin_pods(plugin)
     sampler = Sampler(plugin)
     started: list[tuple[float, str]] = []
