@@ -228,6 +228,54 @@ async def test_a_kubelet_restart_during_the_hand_over_leaves_the_successor_regis
             second.kill()
 
 
+async def test_another_installation_arriving_during_the_hand_over_waits_for_both() -> None:
+    async with launch("rebel-4", extra_args=ONE) as h:
+        await registered(h.daemon)
+        first = h.daemon
+        second = successor(h, *ONE)
+        other = successor(h, "--installation", "gpu-operator/rbln", "--healthcheck-port", "0")
+        try:
+            await registered(second)
+            await other.await_log(WAITING)
+            # The holder leaves: the successor still holds the lock, the other waits on.
+            assert first.stop() == 0
+            await second.await_log(TOOK_OVER_MSG)
+            await asyncio.sleep(1.0)
+            assert not other.find("Instance lock acquired; starting")
+            assert not holds(other.proc.pid, anchor(h))
+            assert held_by(h, second)
+            # Only once both are gone does the other installation serve, alone.
+            assert second.stop() == 0
+            await other.await_log("Instance lock acquired; starting")
+            await registered(other)
+            assert held_by(h, other) and lock_holders(anchor(h)) == {other.proc.pid}
+        finally:
+            second.kill()
+            other.kill()
+
+
+async def test_both_killed_during_the_hand_over_leave_nothing_the_next_start_keeps() -> None:
+    async with launch("rebel-4", extra_args=ONE) as h:
+        await registered(h.daemon)
+        first = h.daemon
+        second = successor(h, *ONE)
+        try:
+            await registered(second)
+            (new_token,) = set(plugin_sockets(h)) - {""}
+            first.proc.send_signal(signal.SIGKILL)
+            second.proc.send_signal(signal.SIGKILL)
+            first.proc.wait(EXIT_WAIT_S)
+            second.proc.wait(EXIT_WAIT_S)
+            assert lock_is_free(anchor(h))  # the kernel let go of both copies
+            third = h.new_daemon()
+            (removed,) = await third.await_log("Removed plugin sockets left by earlier instances")
+            assert all(new_token in name for name in removed["sockets"])
+            await registered(third)
+            assert set(plugin_sockets(h)) == {""}  # a free lock: the fixed names
+        finally:
+            second.kill()
+
+
 async def test_an_instance_that_began_to_step_down_answers_no_allocate(short_tmp: Path) -> None:
     """The kubelet's other endpoint (a successor's) is the one to answer: a leaving
     instance refuses with UNAVAILABLE from the first moment of its stop."""
