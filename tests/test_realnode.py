@@ -296,6 +296,20 @@ class Sampler:
         for thread in self.threads:
             thread.join(30)
 
+    def timeline(self) -> str:
+        """Allocatable as the API server stored it, and each change in the number of
+        serving instances, in seconds from the first sample."""
+        if not self.serving:
+            return ""
+        start = self.serving[0][0]
+        events = [(at, f"allocatable={value}") for at, value in self.allocatable]
+        last = None
+        for at, count in self.serving:
+            if count != last:
+                events.append((at, f"serving={count}"))
+                last = count
+        return " ".join(f"{at - start:+.1f}s:{what}" for at, what in sorted(events))
+
     def longest_zero(self) -> float:
         longest, since = 0.0, None
         for at, value in self.allocatable:
@@ -364,6 +378,7 @@ class SurgeReport:
     zero_s: float  # the longest time allocatable was 0
     lowest: int  # the lowest allocatable the API server stored
     samples: int
+    timeline: str  # allocatable and serving instances over the rollout, for the report
 
 
 def upgrade_with_surge(plugin: Cluster, held: Consumer) -> SurgeReport:
@@ -423,6 +438,7 @@ def upgrade_with_surge(plugin: Cluster, held: Consumer) -> SurgeReport:
         zero_s=sampler.longest_zero(),
         lowest=min(count for _, count in sampler.allocatable),
         samples=len(sampler.allocatable),
+        timeline=sampler.timeline(),
     )
 
 
@@ -438,7 +454,8 @@ def test_helm_upgrade_with_the_surge_handover_keeps_allocatable_and_pods(
     plugin.say(
         f"surge hand-over: longest time both instances served {report.both_s:.1f} s, "
         f"longest time allocatable {NPU} was 0: {report.zero_s:.1f} s, lowest "
-        f"{report.lowest} ({report.samples} samples); the successor's record: {took}"
+        f"{report.lowest} ({report.samples} samples); the successor's record: {took}; "
+        f"timeline: {report.timeline}"
     )
     assert report.lowest >= EXPECTED[NPU]
     assert len(took) == 1 and took[0]["bothRegisteredSeconds"] >= 0

@@ -164,7 +164,8 @@ def test_helm_upgrade_on_the_1_34_kubelet_with_and_without_the_surge_handover(
         cluster.say(
             f"1.34 helm upgrade (surge hand-over): longest time both instances served "
             f"{report.both_s:.1f} s, longest time allocatable {NPU} was 0: "
-            f"{report.zero_s:.1f} s, lowest {report.lowest} ({report.samples} samples)"
+            f"{report.zero_s:.1f} s, lowest {report.lowest} ({report.samples} samples); "
+            f"timeline: {report.timeline}"
         )
         assert cluster.allocatable() == EXPECTED
     finally:
