@@ -133,6 +133,8 @@ async def serve(
         except InstanceLockError as exc:
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
+        if over is not None and not instance.taken_over:
+            over.close()  # a hand-over whose descriptors could not be used: locked anew
         recorder.instance_state(m.STATE_TAKING_OVER if instance.taken_over else m.STATE_SERVING)
         held = _Locked(config, stop, signal_name, health, instance, recorder, hostio, over)
         return await _serve_locked(held)

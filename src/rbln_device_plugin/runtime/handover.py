@@ -106,20 +106,16 @@ class Handover:
         self._kubelet_dir = config.kubelet_dir
         self._hostio = hostio
         self._lock = lock
-        self._link_: _Link | None = None
+        # The connection to the other instance while both live; set through _set_link.
+        self._link: _Link | None = None
         self._refusal_said: str | None = None
         self._hooks = HandoverHooks()
         self._changed = asyncio.Event()  # the link came or went: the run loop looks again
         self._registered_at: float | None = None
         self.leaving = False
 
-    @property
-    def _link(self) -> _Link | None:
-        return self._link_
-
-    @_link.setter
-    def _link(self, link: _Link | None) -> None:
-        self._link_ = link
+    def _set_link(self, link: _Link | None) -> None:
+        self._link = link
         # The instance lock tells the other instance's re-lock of a file from a loss.
         self._lock.partner_pid = link.pid if link is not None else None
 
@@ -127,6 +123,7 @@ class Handover:
     async def take_over(self) -> list[int | None] | None:
         """Ask the holder for its lock (``InstanceLock.acquire``'s ``take_over``): its
         descriptors, or None when nobody answers or the holder refuses."""
+        self.close()  # an earlier answer whose descriptors were no longer the files
         sock = await handoversock.connect(self.path, HELLO_TIMEOUT_S)
         if sock is None:
             return None  # no holder that hands over (another installation, an older one)
@@ -156,7 +153,7 @@ class Handover:
             os.close(extra)
         while self.token == answer.token:  # short tokens: never the holder's names
             self.token = new_token()
-        self._link = _Link(sock, reader, answer.pid, answer.token, successor=False)
+        self._set_link(_Link(sock, reader, answer.pid, answer.token, successor=False))
         log.debug("Taking over from the running instance", predecessorPid=answer.pid)
         return fds
 
@@ -165,11 +162,6 @@ class Handover:
         """The token in this instance's socket names: its own once it took over from a
         running instance, else none (the fixed names, as without an installation)."""
         return self.token if self._lock.taken_over else ""
-
-    @property
-    def taking_over(self) -> bool:
-        """The predecessor still lives."""
-        return self._link is not None and not self._link.successor
 
     async def registered(self) -> None:
         """Every resource is registered with the kubelet: a predecessor hears ``serving``."""
@@ -220,7 +212,7 @@ class Handover:
             elif isinstance(message, proto.Leaving) and not link.successor:
                 log.debug("The previous instance is leaving", predecessorPid=link.pid)
                 await self._hooks.predecessor_leaving()
-        self._link = None
+        self._set_link(None)
         link.close()
         removed = await self._remove_sockets(link.token)
         if link.successor:
@@ -279,7 +271,7 @@ class Handover:
             locks = tuple(fd is not None for fd in held)
             accept = proto.Accept(os.getpid(), self.socket_token, locks)
             handoversock.send(conn, proto.encode(accept), attached)
-            self._link = _Link(conn, reader, hello.pid, hello.token, successor=True)
+            self._set_link(_Link(conn, reader, hello.pid, hello.token, successor=True))
             keep = True
             log.debug("Handing over to a successor", successorPid=hello.pid)
             self._changed.set()
@@ -325,7 +317,7 @@ class Handover:
     def close(self) -> None:
         if self._link is not None:
             self._link.close()
-            self._link = None
+            self._set_link(None)
 
 
 def new_token() -> str:
