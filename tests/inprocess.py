@@ -329,9 +329,13 @@ class ScriptedScanner:
 
 @asynccontextmanager
 async def managing(
-    tmp: Path, scanner: ScriptedScanner, interval: str = "50ms"
+    tmp: Path,
+    scanner: ScriptedScanner,
+    interval: str = "50ms",
+    services: Callable[[Config], SharedServices] | None = None,
 ) -> AsyncIterator[tuple[Manager, KubeletStub]]:
-    """A Manager running its scan loop against a kubelet stub until the block ends."""
+    """A Manager running its scan loop against a kubelet stub until the block ends
+    (``services``: what its plugins share, made from its settings)."""
     config = options.parse(
         ["--kubelet-device-plugin-path", str(tmp / "kubelet"), "--cdi-root", str(tmp / "cdi"),
          "--sysfs-root", str(tmp / "sys"), "--dev-root", str(tmp / "dev"),
@@ -340,8 +344,9 @@ async def managing(
     )  # fmt: skip
     kubelet = KubeletStub(config.kubelet_dir)
     await kubelet.start()
+    shared = services(config) if services else SharedServices(config, disabled().tracer)
     manager = Manager(
-        SharedServices(config, disabled().tracer),
+        shared,
         ScanHooks(first_scan=_nothing),
         scanner,  # type: ignore[arg-type]
     )

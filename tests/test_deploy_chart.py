@@ -524,6 +524,7 @@ def test_default_daemonset_matches_the_deployment_contract(rendered: dict[str, s
         "METRICS_OTLP": "false",
         "METRICS_EXPORT_INTERVAL": "60s",
         "RSD_LOCK_PATH": "/run/rbln/rsd-group.lock",
+        "RBLN_INSTALLATION": "k8s-device-plugin/k8s-device-plugin-chart",
     }
     assert container["ports"] == [{"name": "health", "containerPort": 51515, "protocol": "TCP"}]
     assert host_mounts(ds) == {
@@ -1291,6 +1292,48 @@ def test_a_surge_rollout_has_no_readiness_probe_to_deadlock_on(
     assert services == expected
 
 
+def test_the_surge_handover_value_rolls_one_new_pod_in_before_the_old_one_goes(
+    helm: Helm,
+) -> None:
+    manifest = helm.template(values={"devicePlugin": {"surgeHandover": True}})
+    ds = daemonset(manifest)
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    container = plugin_container(ds)
+    # Ready means every resource is registered: only then does the controller delete
+    # the old pod, which the new one took over from.
+    assert _probe_services(container) == {
+        "livenessProbe": "liveness",
+        "readinessProbe": "registered",
+    }
+    assert env_of(container)["RBLN_INSTALLATION"] == "k8s-device-plugin/k8s-device-plugin-chart"
+    # The default is unchanged: the chart's strategy and readiness as before.
+    default = plugin_container(daemonset(helm.template()))
+    assert _probe_services(default) == {"livenessProbe": "liveness", "readinessProbe": "readiness"}
+
+
+@pytest.mark.parametrize(
+    ("plugin", "says"),
+    [
+        ({"updateStrategy": {"type": "OnDelete"}}, "sets the update strategy itself"),
+        (
+            {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 2}}},
+            "sets the update strategy itself",
+        ),
+        ({"containers": {"plugin": {"healthcheckPort": -1}}}, "needs the health service"),
+        ({"kubeletDevicePluginPath": "/" + "k" * 56}, "longer than 56 characters"),
+    ],
+)
+def test_the_surge_handover_value_refuses_what_would_defeat_it(
+    helm: Helm, plugin: dict[str, Any], says: str
+) -> None:
+    done = helm.attempt(values={"devicePlugin": {"surgeHandover": True, **plugin}})
+    assert done.returncode != 0 and refused_by_chart(done), done.stderr
+    assert says in done.stderr
+
+
 def _container_to_host(ds: Mapping[str, Any], path: str) -> tuple[str, bool]:
     """The host path behind a container path, through the pod's hostPath mounts."""
     for mount, (host, read_only) in sorted(host_mounts(ds).items(), key=lambda m: -len(m[0])):
@@ -1338,7 +1381,10 @@ async def test_the_charts_probes_mean_alive_and_ready_on_the_real_daemon(
         second: DaemonProcess | None = None
         try:
             await kubelet.wait_for("rebellions.ai/npu", lambda v: len(v.devices) == 4)
-            second = DaemonProcess(args, env=env)
+            # A second release: another installation, which waits (the same DaemonSet's
+            # next pod takes over instead, see tests/test_handover.py).
+            other = {**env, "RBLN_INSTALLATION": f"{env['RBLN_INSTALLATION']}-2"}
+            second = DaemonProcess(args, env=other)
             ports = {}
             for name, daemon in (("first", first), ("second", second)):
                 ports[name] = await health_port(daemon)

@@ -19,6 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -295,6 +296,20 @@ class Sampler:
         for thread in self.threads:
             thread.join(30)
 
+    def timeline(self) -> str:
+        """Allocatable as the API server stored it, and each change in the number of
+        serving instances, in seconds from the first sample."""
+        if not self.serving:
+            return ""
+        start = self.serving[0][0]
+        events = [(at, f"allocatable={value}") for at, value in self.allocatable]
+        last = None
+        for at, count in self.serving:
+            if count != last:
+                events.append((at, f"serving={count}"))
+                last = count
+        return " ".join(f"{at - start:+.1f}s:{what}" for at, what in sorted(events))
+
     def longest_zero(self) -> float:
         longest, since = 0.0, None
         for at, value in self.allocatable:
@@ -311,6 +326,15 @@ def test_helm_upgrade_rolls_the_plugin_without_two_instances_or_touching_pods(
     plugin: Cluster, consumers: Consumers
 ) -> None:
     held = consumers.start("npu-during-upgrade", {NPU: 1})
+    zero, samples = upgrade_default(plugin, held)
+    plugin.say(f"helm upgrade: longest time allocatable {NPU} was 0: {zero:.1f} s "
+            f"({samples} samples)")  # fmt: skip
+    install(plugin)  # back to the suite's settings
+
+
+def upgrade_default(plugin: Cluster, held: Consumer) -> tuple[float, int]:
+    """``helm upgrade`` with the default strategy: never two serving instances, ``held``
+    untouched; the longest time allocatable was 0, and the number of samples."""
     (before,) = ready_plugin_pods(plugin)
     assert len(plugin.serving_plugins()) == 1
     sampler = Sampler(plugin)
@@ -331,9 +355,110 @@ def test_helm_upgrade_rolls_the_plugin_without_two_instances_or_touching_pods(
     assert sampler.serving, "no samples"
     assert max(count for _, count in sampler.serving) == 1, sampler.serving
     assert held.untouched()
-    zero = sampler.longest_zero()
-    plugin.say(f"helm upgrade: longest time allocatable {NPU} was 0: {zero:.1f} s "
-            f"({len(sampler.allocatable)} samples)")  # fmt: skip
+    return sampler.longest_zero(), len(sampler.allocatable)
+
+
+TOOK_OVER = "Took over from the previous instance of this installation"
+
+
+def _longest_both(serving: list[tuple[float, int]]) -> float:
+    """The longest stretch of samples with two serving instances."""
+    longest, since = 0.0, None
+    for at, count in serving:
+        if count >= 2 and since is None:
+            since = at
+        elif count < 2 and since is not None:
+            longest, since = max(longest, at - since), None
+    return longest
+
+
+@dataclass(frozen=True)
+class SurgeReport:
+    both_s: float  # the longest time two plugin instances served
+    zero_s: float  # the longest time allocatable was 0
+    lowest: int  # the lowest allocatable the API server stored
+    samples: int
+    timeline: str  # allocatable and serving instances over the rollout, for the report
+
+
+def upgrade_with_surge(plugin: Cluster, held: Consumer) -> SurgeReport:
+    """``helm upgrade`` with devicePlugin.surgeHandover (the pods it replaces have it
+    already) while allocatable is watched and a pod asking for one NPU is created every
+    second; every such pod runs with the devices the plugin handed out, none shared."""
+    # The rollout that brought the pods in has ended (a surge pod that is not ready yet
+    # would be deleted by this upgrade's rollout: a fault case of its own).
+    wait_for(
+        "one plugin pod, ready and alone serving",
+        lambda: (
+            len(plugin.plugin_pods(NAMESPACE)) == 1
+            and len(ready_plugin_pods(plugin)) == 1
+            and len(plugin.serving_plugins()) == 1
+        ),
+        diagnose=plugin.diagnose,
+    )
+    (before,) = ready_plugin_pods(plugin)
+    sampler = Sampler(plugin)
+    started: list[tuple[float, str]] = []
+    try:
+        plugin.install_chart(
+            RELEASE, NAMESPACE,
+            sets=[*PLUGIN_SETS, "devicePlugin.surgeHandover=true",
+                  "devicePlugin.deviceScanInterval=2s"],
+        )  # fmt: skip
+
+        def replaced() -> bool:
+            # The node has 4 NPUs and ``held`` has one: three pods at most.
+            if len(started) < 3 and time.monotonic() - (started[-1][0] if started else 0) >= 1:
+                name = f"npu-surge-{len(started)}"
+                plugin.delete_pod(name)
+                plugin.apply(consumer(name, {NPU: 1}))
+                started.append((time.monotonic(), name))
+            pods = ready_plugin_pods(plugin)
+            return len(pods) == 1 and pods[0]["metadata"]["uid"] != before["metadata"]["uid"]
+
+        wait_for("the new plugin pod Ready", replaced, diagnose=plugin.diagnose)
+        wait_for("one serving instance", lambda: len(plugin.serving_plugins()) == 1)
+    finally:
+        sampler.finish()
+    try:
+        # Every pod created during the rollout was admitted and runs with its devices.
+        pods = [Consumer(plugin, name, {NPU: 1}, created=True) for _, name in started]
+        for pod in pods:
+            assert len(pod.npus()) == 1, pod.devices
+            assert_devices_as_allocated(plugin, pod, pod.npus())
+        handed = [npu for pod in (held, *pods) for npu in pod.npus()]
+        assert len(handed) == len(set(handed)), handed  # no device in two containers
+        assert held.untouched()
+    finally:
+        for _, name in started:
+            plugin.delete_pod(name)
+    assert sampler.allocatable, "no samples"
+    return SurgeReport(
+        both_s=_longest_both(sampler.serving),
+        zero_s=sampler.longest_zero(),
+        lowest=min(count for _, count in sampler.allocatable),
+        samples=len(sampler.allocatable),
+        timeline=sampler.timeline(),
+    )
+
+
+def test_helm_upgrade_with_the_surge_handover_keeps_allocatable_and_pods(
+    plugin: Cluster, consumers: Consumers
+) -> None:
+    """devicePlugin.surgeHandover: the new pod takes over while the old one serves; the
+    node's allocatable never drops below the expected count (1.37.2's kubelet)."""
+    install(plugin, "devicePlugin.surgeHandover=true")  # pods that hand over
+    held = consumers.start("npu-during-surge", {NPU: 1})
+    report = upgrade_with_surge(plugin, held)
+    took = [r for r in plugin_records(plugin) if r.get("msg") == TOOK_OVER]
+    plugin.say(
+        f"surge hand-over: longest time both instances served {report.both_s:.1f} s, "
+        f"longest time allocatable {NPU} was 0: {report.zero_s:.1f} s, lowest "
+        f"{report.lowest} ({report.samples} samples); the successor's record: {took}; "
+        f"timeline: {report.timeline}"
+    )
+    assert report.lowest >= EXPECTED[NPU]
+    assert len(took) == 1 and took[0]["bothRegisteredSeconds"] >= 0
     install(plugin)  # back to the suite's settings
 
 

@@ -26,7 +26,9 @@ from rbln_device_plugin_sim.node import TOOLKIT_CDI_ENV, TOOLKIT_CDI_SPEC, TOOLK
 
 from .realnode import artifacts
 from .realnode.cluster import Cluster, wait_for
+from .realnode.layouts import EXPECTED
 from .realnode.workloads import NPU, Consumer, install, plugin_records
+from .test_realnode import upgrade_default, upgrade_with_surge
 
 pytestmark = [
     pytest.mark.realnode(legacy_runtime=True),
@@ -143,3 +145,29 @@ def test_without_the_spec_the_container_starts_all_the_same(cluster: Cluster) ->
         assert [line for line in cdi_lines(cluster, since) if line != config] == []
     finally:
         pod.delete()
+
+
+# ---------------------------------------------------------------- upgrades on 1.34
+def test_helm_upgrade_on_the_1_34_kubelet_with_and_without_the_surge_handover(
+    cluster: Cluster,
+) -> None:
+    """1.34 keeps one endpoint per resource: the old instance's leaving cuts the
+    successor's stream, which registers again at once. The gaps of both strategies are
+    printed (never asserted); the pods run with their devices either way."""
+    held = Consumer(cluster, "npu-during-upgrade", {NPU: 1})
+    try:
+        zero, samples = upgrade_default(cluster, held)
+        cluster.say(f"1.34 helm upgrade (default): longest time allocatable {NPU} was 0: "
+                    f"{zero:.1f} s ({samples} samples)")  # fmt: skip
+        install(cluster, "devicePlugin.surgeHandover=true")  # pods that hand over
+        report = upgrade_with_surge(cluster, held)
+        cluster.say(
+            f"1.34 helm upgrade (surge hand-over): longest time both instances served "
+            f"{report.both_s:.1f} s, longest time allocatable {NPU} was 0: "
+            f"{report.zero_s:.1f} s, lowest {report.lowest} ({report.samples} samples); "
+            f"timeline: {report.timeline}"
+        )
+        assert cluster.allocatable() == EXPECTED
+    finally:
+        held.delete()
+        install(cluster)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -192,6 +192,19 @@ def _text(raw: str) -> str:
     return raw.strip()
 
 
+_INSTALLATION_MAX: Final = 253
+
+
+def _installation(raw: str) -> str:
+    name = raw.strip()
+    if len(name) > _INSTALLATION_MAX or not all(c.isascii() and c.isprintable() for c in name):
+        raise ConfigError(
+            f"{raw!r} is not an installation name (printable ASCII, at most "
+            f"{_INSTALLATION_MAX} characters)"
+        )
+    return name
+
+
 def _bool(raw: str) -> bool:
     # Exactly as Go's strconv.ParseBool: no space around the word (" true" is refused).
     try:
@@ -289,6 +302,11 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "lock file serialising RSD group changes between processes (absolute, in a "
            "directory below /; not a directory or a symlink); the instance lock a second "
            "instance waits on lies beside it", "PATH", convert=_lock_file),
+    Option("installation", "--installation", "RBLN_INSTALLATION", "",
+           "the identity of the installation this instance belongs to (the chart: namespace/"
+           "DaemonSet name); a successor of the same installation takes over from a running "
+           "instance while both are registered (a surge upgrade) instead of waiting for it "
+           "to exit; empty: never hand over or take over", "NAME", convert=_installation),
     Option("scan_stall_limit", "--scan-stall-limit", "SCAN_STALL_LIMIT",
            format_duration(DEFAULT_SCAN_STALL_LIMIT_S),
            "a device scan still running after this long turns the liveness health service "
@@ -302,6 +320,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
 )  # fmt: skip
 
 _UNIX_SOCKET_PATH_MAX: Final = 107
+# Beside the RSD lock and the instance lock's anchor (see runtime.handover).
+HANDOVER_SOCKET_NAME: Final = "rbln-device-plugin.handover.sock"
 _OTEL_PREFIX: Final = "OTEL_"
 
 
@@ -327,6 +347,8 @@ class Config:
     scan_stall_limit: float = DEFAULT_SCAN_STALL_LIMIT_S
     cdi_static_dir: Path = Path("/etc/cdi")
     cdi_mode: str = "annotation"
+    # The installation this instance belongs to (empty: none); see runtime.handover.
+    installation: str = ""
     # Where each setting came from ("flag", "env" or "default"), so that a later message
     # about a value can name what supplied it. Not part of the configuration itself.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -440,4 +462,24 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
             f"{config.origin('kubelet_dir')}: {config.kubelet_dir} is too long for unix "
             f"sockets (socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
         )
+    return _installation_fits(config)
+
+
+def _installation_fits(config: Config) -> Config:
+    """An installation whose sockets cannot be named: a warning, and none (the instance
+    then waits for a running one as without an installation, and is waited for)."""
+    if not config.installation:
+        return config
+    tokened = resources.socket_name(resources.NPU_VF4.name, "0" * resources.INSTANCE_TOKEN_LEN)
+    for path in (
+        config.kubelet_dir / tokened,
+        config.rsd_lock_path.parent / HANDOVER_SOCKET_NAME,
+    ):
+        if len(str(path)) > _UNIX_SOCKET_PATH_MAX:
+            why = (
+                f"{path} would be longer than a unix socket allows ({_UNIX_SOCKET_PATH_MAX} "
+                "bytes): no hand-over; a successor waits for this instance to exit"
+            )
+            ignored = (*config.ignored, (config.origin("installation"), config.installation, why))
+            return replace(config, installation="", ignored=ignored)
     return config

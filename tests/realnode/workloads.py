@@ -92,10 +92,14 @@ def install(cluster: Cluster, *sets: str) -> None:
 class Consumer:
     """A running consumer pod and what it reported about itself."""
 
-    def __init__(self, cluster: Cluster, name: str, limits: dict[str, int]) -> None:
+    def __init__(
+        self, cluster: Cluster, name: str, limits: dict[str, int], *, created: bool = False
+    ) -> None:
+        """``created``: the pod was applied already (``consumer``); wait for it alone."""
         self.cluster, self.name = cluster, name
-        cluster.delete_pod(name)
-        cluster.apply(consumer(name, limits))
+        if not created:
+            cluster.delete_pod(name)
+            cluster.apply(consumer(name, limits))
         self.pod = cluster.wait_pod_phase(name, "Running")
         log = wait_for(
             f"{name}'s report",

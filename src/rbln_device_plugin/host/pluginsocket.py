@@ -31,6 +31,7 @@ from typing import Final
 
 from rbln_device_plugin.host import paths
 from rbln_device_plugin.host.ownfiles import kind_of
+from rbln_device_plugin.model import resources
 
 _OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -118,3 +119,34 @@ def remove_if_ours(socket_path: Path, identity: paths.FileIdentity | None) -> No
         return  # replaced (a restarted kubelet, a successor): not ours to remove
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
+
+
+def remove_instance_sockets(directory: Path, token: str | None, keep: str) -> list[str]:
+    """Remove the plugin sockets of an instance that is gone: those carrying ``token`` (""
+    the fixed names), or with None those of every instance but ``keep`` (see
+    ``resources.socket_name``); their names.
+
+    Only a socket by a name of ours is removed, looked at without following it; the
+    kubelet's own socket and any other plugin's never match.
+    """
+    try:
+        dir_fd = os.open(directory, _OPEN_DIR)
+    except OSError:
+        return []  # no directory: nothing of anyone's is left there
+    removed: list[str] = []
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            found = resources.instance_token_of(name)
+            if found is None or found == keep or (token is not None and found != token):
+                continue
+            try:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISSOCK(info.st_mode):
+                    continue
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue  # gone meanwhile, or not ours to remove after all
+            removed.append(name)
+    finally:
+        os.close(dir_fd)
+    return removed

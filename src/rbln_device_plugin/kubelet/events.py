@@ -92,8 +92,23 @@ class Reconcile:
     done: asyncio.Future[None] = field(compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class HandoverNews:
+    """The other instance of this installation did something (see ``runtime.handover``):
+    ``handed_over`` True once a successor serves (register nothing again), False once it
+    is gone (register as usual); ``predecessor_leaving``: the previous instance began to
+    leave (a stream it cuts is registered again at once); ``restart``: the successor is
+    gone, so every plugin starts again and registers anew (a kubelet with one endpoint
+    per resource may still point at the successor's)."""
+
+    handed_over: bool | None = None
+    predecessor_leaving: bool = False
+    restart: bool = False
+
+
 SessionEvent = (
-    StreamLost
+    HandoverNews
+    | StreamLost
     | StreamLossSettled
     | RegistrationEnded
     | KubeletSocketRecreated

@@ -55,7 +55,7 @@ class ResourcePlugin:
         config = services.config
         self.ref = ref
         self.resource = ref.resource
-        self.socket_path = config.kubelet_dir / socket_name(ref.resource)
+        self.socket_path = config.kubelet_dir / socket_name(ref.resource, services.instance_token)
         self.kubelet_socket = config.kubelet_dir / KUBELET_SOCKET
         self.state = state
         self.servicer = DevicePluginServicer(ref, state, services, events)

@@ -70,6 +70,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._tracer = services.tracer
         self._metrics = services.metrics
         self._events = events
+        self._stepping_down = services.stepping_down
         self.open_streams = 0
         # The kubelet opens its ListAndWatch stream right after a registration: the first
         # stream opened after Register was sent is the kubelet's. Other clients' streams
@@ -143,6 +144,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.AllocateResponse:
+        if self._stepping_down.is_set():
+            # Leaving: the kubelet's other endpoint for this resource (a successor's)
+            # answers instead, and this one's stream ends in a moment.
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "this device plugin instance is shutting down"
+            )
         started = time.monotonic()
         requested = [list(c.devices_ids) for c in request.container_requests]
         try:

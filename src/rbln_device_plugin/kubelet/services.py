@@ -21,3 +21,9 @@ class SharedServices:
     # Serialises this daemon's RSD group changes (every resource plugin), in arrival
     # order, in front of the node-wide RSD file lock.
     rsd_queue: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # This instance's token in its plugin socket names (empty: the fixed names), see
+    # model.resources.socket_name and runtime.handover.
+    instance_token: str = ""
+    # Set when the daemon begins to stop: every Allocate is refused from then on, so a
+    # kubelet with a successor's endpoint never gets an answer from a leaving instance.
+    stepping_down: asyncio.Event = field(default_factory=asyncio.Event)

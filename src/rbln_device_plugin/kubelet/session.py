@@ -36,6 +36,7 @@ from rbln_device_plugin.host.kubeletdir import KubeletDirectory
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.events import (
     Events,
+    HandoverNews,
     KubeletSocketRecreated,
     PluginRef,
     Reconcile,
@@ -60,6 +61,10 @@ from rbln_device_plugin.telemetry.logs import get_logger
 # A kubelet restart also ends every stream. Wait this long for its new socket before
 # treating an ended stream as lost on its own (and saying so).
 STREAM_LOSS_GRACE_S: Final = 0.5
+# After the other instance of this installation leaves or is gone: a kubelet with one
+# endpoint per resource cuts this instance's streams with its own within this long, and
+# such a stream is registered again at once (no restart to wait for).
+OTHER_LEAVING_S: Final = 10.0
 
 log = get_logger()
 
@@ -102,6 +107,13 @@ class KubeletSession:
         # directory's watch is not live or reported a change (see ``model.looks``).
         self._socket_looks = LookSchedule(self.watch.state)
         self._plugin_looks = LookSchedule(self.watch.state)
+        # A successor of this installation serves: nothing registers again (see
+        # runtime.handover), so the kubelet keeps the successor's endpoints alone.
+        self.handed_over = False
+        self._other_leaving_until = 0.0
+        self._reconciled = False
+        # Set once every offered resource is registered (after the first reconcile).
+        self.registered = asyncio.Event()
 
     # ----------------------------------------------------------------- the scan loop's
     async def restart_due(self, *, look: bool = True) -> bool:
@@ -127,6 +139,10 @@ class KubeletSession:
         event = Reconcile(offered, asyncio.get_running_loop().create_future())
         self.events.put_nowait(event)
         await event.done
+
+    def handover(self, news: HandoverNews) -> None:
+        """Tell the session what the other instance of this installation did."""
+        self.events.put_nowait(news)
 
     @property
     def plugins(self) -> Mapping[str, ResourcePlugin]:
@@ -187,6 +203,16 @@ class KubeletSession:
                 self._wake_scan.set()
             case KubeletSocketRecreated():
                 pass  # counted by _note_restarts, like a restart any check found
+            case HandoverNews(handed_over=handed_over, predecessor_leaving=leaving, restart=again):
+                if leaving or again:
+                    loop = asyncio.get_running_loop()
+                    self._other_leaving_until = loop.time() + OTHER_LEAVING_S
+                if handed_over is not None:
+                    self.handed_over = handed_over
+                    if not handed_over:
+                        if again:
+                            await self.stop_plugins()
+                        self._wake_scan.set()  # register whatever is not registered
 
     def _note_restarts(self) -> None:
         """Every new kubelet.sock any check found (the watch's, a scan's, a judgement's):
@@ -233,6 +259,12 @@ class KubeletSession:
                     "Cannot update device plugin; retrying next scan",
                     resourceName=resource, err=exc, exc_info=True,
                 )  # fmt: skip
+        self._reconciled = True
+        self._note_registered()
+
+    def _note_registered(self) -> None:
+        if self._reconciled and all(plugin.registered for plugin in self._plugins):
+            self.registered.set()
 
     async def _sync_plugin(
         self, resource: str, devices: Sequence[Device], can_start: _Once, look: bool
@@ -254,7 +286,7 @@ class KubeletSession:
             if plugin is None:
                 return
         await plugin.update(devices)
-        if self.kubelet is not Kubelet.DOWN:
+        if self.kubelet is not Kubelet.DOWN and not self.handed_over:
             plugin.register_in_background(self.watch.identity)  # the kubelet it talks to
 
     # ----------------------------------------------------------------- registration
@@ -266,6 +298,7 @@ class KubeletSession:
             self._metrics.registration(resource, m.OK)
             if plugin is not None:
                 plugin.announce(failed_attempts=streak.succeeded())
+            self._note_registered()
             return
         self._metrics.registration(resource, m.REGISTRATION_FAILED)
         if await self._registration_overtaken(event):
@@ -304,6 +337,11 @@ class KubeletSession:
     # ----------------------------------------------------------------- lost streams
     def _after_grace(self, ref: PluginRef) -> None:
         loop = asyncio.get_running_loop()
+        if loop.time() < self._other_leaving_until:
+            # The kubelet cut this stream with the other instance's (see
+            # OTHER_LEAVING_S): no restart to wait for.
+            self.events.put_nowait(StreamLossSettled(ref))
+            return
 
         def settle() -> None:
             self._grace_timers.discard(timer)
@@ -326,7 +364,17 @@ class KubeletSession:
                     kubeletSocket=str(self.watch.socket_path),
                 )
             return
+        if self.handed_over:
+            log.debug("ListAndWatch stream ended; a successor serves, so it stays unregistered",
+                      resourceName=ref.resource)  # fmt: skip
+            return
         # The kubelet never reopens a stream on its own: register again.
+        loop = asyncio.get_running_loop()
+        if plugin is not None and loop.time() < self._other_leaving_until:
+            log.debug("ListAndWatch stream ended with the other instance's; registering "
+                      "again", resourceName=ref.resource)  # fmt: skip
+            plugin.register_in_background(self.watch.identity)
+            return
         log.warning("ListAndWatch stream ended; registering again", resourceName=ref.resource)
         self._wake_scan.set()
 

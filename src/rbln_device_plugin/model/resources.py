@@ -21,9 +21,34 @@ def socket_slug(name: str) -> str:
     return slug
 
 
-def socket_name(name: str) -> str:
-    """The plugin socket's file name (in the kubelet's directory) for resource ``name``."""
-    return f"{SOCKET_PREFIX}{socket_slug(name)}.sock"
+# An instance that takes over from a running one (``--installation``, see
+# runtime.handover) serves on sockets of its own: the kubelet keeps one endpoint per
+# socket path, so a successor's sockets stand beside its predecessor's instead of
+# replacing them. The token is this many hex digits, after a dot, which no slug contains.
+INSTANCE_TOKEN_LEN: Final = 4
+
+
+def socket_name(name: str, token: str = "") -> str:
+    """The plugin socket's file name (in the kubelet's directory) for resource ``name``;
+    with ``token`` (an instance's, see ``INSTANCE_TOKEN_LEN``) one unique to the instance."""
+    suffix = f".{token}" if token else ""
+    return f"{SOCKET_PREFIX}{socket_slug(name)}{suffix}.sock"
+
+
+def instance_token_of(socket_file: str) -> str | None:
+    """The instance token a plugin socket name carries: "" for a fixed name, None for a
+    name that is not a plugin socket of ours."""
+    if not socket_file.startswith(SOCKET_PREFIX) or not socket_file.endswith(".sock"):
+        return None
+    stem = socket_file[len(SOCKET_PREFIX) : -len(".sock")]
+    slug, dot, token = stem.rpartition(".")
+    if not dot:
+        return "" if any(socket_slug(r.name) == stem for r in RESOURCES) else None
+    if not slug or len(token) != INSTANCE_TOKEN_LEN:
+        return None
+    if any(c not in "0123456789abcdef" for c in token):
+        return None
+    return token if any(socket_slug(r.name) == slug for r in RESOURCES) else None
 
 
 @dataclass(frozen=True, slots=True)

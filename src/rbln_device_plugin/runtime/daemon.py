@@ -43,8 +43,11 @@ from rbln_device_plugin import aiotasks, options
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.kubeletdir import KubeletDirectory
+from rbln_device_plugin.kubelet.events import HandoverNews
 from rbln_device_plugin.kubelet.services import SharedServices
+from rbln_device_plugin.kubelet.session import KubeletSession
 from rbln_device_plugin.runtime import signals as shutdown_signals
+from rbln_device_plugin.runtime.handover import Handover, HandoverHooks, new_token
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import ANCHOR_NAME, InstanceLock, InstanceLockError
 from rbln_device_plugin.runtime.manager import Manager, ScanHooks
@@ -111,6 +114,9 @@ async def serve(
     # The daemon's one runner of blocking host calls: the lock files, then the scans.
     hostio = HostIO(metrics=recorder)
     instance = InstanceLock(config.kubelet_dir, hostio, config.rsd_lock_path.parent / ANCHOR_NAME)
+    over: Handover | None = None
+    if config.installation:  # only an installation hands over (see runtime.handover)
+        over = Handover(config, new_token(), hostio, instance)
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the
@@ -119,17 +125,22 @@ async def serve(
             waited = await KubeletDirectory(config.kubelet_dir, hostio).wait(stop)
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
             unusable = partial(_lock_dir_unusable, recorder, health)
-            if not waited or not await instance.acquire(stop, unusable):
+            take_over = over.take_over if over is not None else None
+            if not waited or not await instance.acquire(stop, unusable, take_over):
                 await recorder.shutdown()
                 log.info("Shutdown complete", signal=signal_name())
                 return options.EXIT_OK
         except InstanceLockError as exc:
             log.error("Cannot take the instance lock", err=exc)
             return options.EXIT_FAILURE
-        recorder.instance_state(m.STATE_SERVING)
-        held = _Locked(config, stop, signal_name, health, instance, recorder, hostio)
+        if over is not None and not instance.taken_over:
+            over.close()  # a hand-over whose descriptors could not be used: locked anew
+        recorder.instance_state(m.STATE_TAKING_OVER if instance.taken_over else m.STATE_SERVING)
+        held = _Locked(config, stop, signal_name, health, instance, recorder, hostio, over)
         return await _serve_locked(held)
     finally:
+        if over is not None:
+            over.close()
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
         hostio.close()
@@ -161,18 +172,25 @@ class _Locked:
     instance: InstanceLock
     recorder: m.Metrics
     hostio: HostIO
+    handover: Handover | None = None
 
 
 async def _serve_locked(held: _Locked) -> int:
     traces = tracing.setup(held.config)  # the tracer, and the exporter behind it when on
     watchdog = ScanWatchdog(held.config.scan_stall_limit, partial(_set_alive, held.health))
-    manager = Manager(
-        SharedServices(held.config, traces.tracer, held.hostio, held.recorder),
-        _scan_hooks(held, watchdog),
-    )
+    over = held.handover
+    services = SharedServices(
+        held.config, traces.tracer, held.hostio, held.recorder,
+        instance_token=over.socket_token if over is not None else "",
+    )  # fmt: skip
+    manager = Manager(services, _scan_hooks(held, watchdog))
     stop, instance = held.stop, held.instance
     instance.follow(manager.session.watch.state)  # the legacy lock file's directory
     manager_task = aiotasks.start(manager.run(stop), "manager")
+    side_tasks = [aiotasks.start(_registered(held, manager.session), "registered")]
+    if over is not None:
+        hooks = _handover_hooks(held.recorder, manager.session)
+        side_tasks.append(aiotasks.start(over.run(stop, hooks), "handover"))
     lock_watch = aiotasks.start(instance.watch(stop), "instance-lock-watch")
     stop_task = aiotasks.start(stop.wait(), "stop-signal")
     lost_task = aiotasks.start(instance.lost.wait(), "instance-lock-lost")
@@ -182,11 +200,18 @@ async def _serve_locked(held: _Locked) -> int:
         )
         exit_code = _why_stopping(held, manager_task, manager_task in done)
         started = time.monotonic()
+        # Stepping down: no Allocate is answered from here on (a successor's endpoint is
+        # the kubelet's to use), and a successor hears it before the streams end.
+        services.stepping_down.set()
+        if over is not None:
+            await over.step_down()
         stop.set()
         if held.health is not None:
             await held.health.set_ready(False)
         if not await _stop_manager(manager_task):
             exit_code = options.EXIT_FAILURE
+        if over is not None:
+            over.stepped_down()
         watchdog.close()
         await asyncio.gather(traces.shutdown(), held.recorder.shutdown())
         log.info(
@@ -195,8 +220,41 @@ async def _serve_locked(held: _Locked) -> int:
             durationMs=round((time.monotonic() - started) * 1000, 1),
         )
     finally:
-        await aiotasks.cancel_and_wait(stop_task, lost_task, lock_watch, title="shutdown")
+        await aiotasks.cancel_and_wait(
+            stop_task, lost_task, lock_watch, *side_tasks, title="shutdown"
+        )
     return exit_code
+
+
+async def _registered(held: _Locked, session: KubeletSession) -> None:
+    """The ``registered`` health service (the chart's readiness in surge mode) turns
+    SERVING once every resource is registered; a predecessor hears ``serving`` then."""
+    await session.registered.wait()
+    if held.health is not None and not held.stop.is_set():
+        await held.health.set_registered(True)
+    if held.handover is not None:
+        await held.handover.registered()
+
+
+def _handover_hooks(recorder: m.Metrics, session: KubeletSession) -> HandoverHooks:
+    async def successor_serving() -> None:
+        session.handover(HandoverNews(handed_over=True))
+        recorder.instance_state(m.STATE_HANDED_OVER)
+
+    async def successor_gone(_: bool) -> None:
+        # The successor may have registered (whether or not it said so in time): with
+        # one endpoint per resource (1.34) the kubelet would still point at it, so the
+        # plugins start anew and register.
+        session.handover(HandoverNews(handed_over=False, restart=True))
+        recorder.instance_state(m.STATE_SERVING)
+
+    async def predecessor_leaving() -> None:
+        session.handover(HandoverNews(predecessor_leaving=True))
+
+    async def predecessor_gone() -> None:
+        recorder.instance_state(m.STATE_SERVING)
+
+    return HandoverHooks(successor_serving, successor_gone, predecessor_leaving, predecessor_gone)
 
 
 def _scan_hooks(held: _Locked, watchdog: ScanWatchdog) -> ScanHooks:

@@ -13,6 +13,12 @@ Three service names, each with one meaning (any other name answers NOT_FOUND):
   lock and its first scan has completed; NOT_SERVING before that, while waiting for
   another instance, and during shutdown. The chart's readiness probe asks this:
   failures only mark the pod not ready.
+- ``registered``: every resource this instance offers is registered with the kubelet
+  (which dials back and opens its stream inside the registration, so each answers).
+  NOT_SERVING until that is first true, and during shutdown; it stays SERVING across a
+  later kubelet restart. The chart's readiness probe asks this in its surge mode, where
+  a node's old pod is removed once the new one is ready: the new one has to serve the
+  kubelet by then.
 - ``""`` (the server as a whole): the same as ``readiness``. It kept this meaning from
   the versions before ``readiness`` existed, when ``liveness`` meant it too.
 """
@@ -29,8 +35,9 @@ from rbln_device_plugin.telemetry.logs import get_logger
 
 LIVENESS: Final = "liveness"
 READINESS: Final = "readiness"
+REGISTERED: Final = "registered"
 OVERALL: Final = ""
-SERVICES: Final = (OVERALL, LIVENESS, READINESS)
+SERVICES: Final = (OVERALL, LIVENESS, READINESS, REGISTERED)
 
 log = get_logger()
 
@@ -81,9 +88,16 @@ class HealthService:
         log.info("Started healthcheck service", address=f"{self._host}:{bound}", services=SERVICES)
 
     async def set_ready(self, ready: bool) -> None:
-        """``readiness`` and ``""``: whether this instance serves the kubelet now."""
+        """``readiness`` and ``""``: whether this instance serves the kubelet now; not
+        ready ends ``registered`` too."""
         for service in (OVERALL, READINESS):
             await self._servicer.set(service, _status(ready))
+        if not ready:
+            await self.set_registered(False)
+
+    async def set_registered(self, registered: bool) -> None:
+        """``registered``: every resource was registered with the kubelet."""
+        await self._servicer.set(REGISTERED, _status(registered))
 
     async def set_alive(self, alive: bool) -> None:
         """``liveness``: whether the process makes progress."""

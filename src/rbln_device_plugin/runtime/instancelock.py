@@ -56,7 +56,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -86,6 +86,10 @@ UNUSABLE_DIR_MSG: Final = "The instance lock's directory cannot be used; waiting
 USABLE_AGAIN_MSG: Final = "The instance lock's directory can be used again"
 
 log = get_logger()
+
+
+# Asks the holder of the first lock for its descriptors (see ``acquire``).
+TakeOver = Callable[[], Awaitable[list[int | None] | None]]
 
 
 class InstanceLockError(Exception):
@@ -300,11 +304,16 @@ class InstanceLock:
         self.path = self._primary.path
         self.lost = asyncio.Event()
         self.loss: LockLoss | None = None
+        # The locks came from a holder still alive (a hand-over), not from a free file.
+        self.taken_over = False
+        # The other instance of this installation while a hand-over lasts (its PID).
+        self.partner_pid: int | None = None
 
     async def acquire(
         self,
         stop: asyncio.Event,
         directory_unusable: Callable[[bool], Awaitable[None]] | None = None,
+        take_over: TakeOver | None = None,
     ) -> bool:
         """Take both locks, waiting as long as another instance holds either.
 
@@ -313,12 +322,17 @@ class InstanceLock:
         once and tried again, like a held one: nothing is known to be wrong with it yet.
         A lock directory the daemon cannot make is said once and tried again too, and
         ``directory_unusable`` is told when that starts (True) and ends (False).
+
+        ``take_over`` (an installation that hands over, see ``runtime.handover``) is
+        asked whenever the first lock is held by another process: the holder's own
+        descriptors it returns (one per lock file, in order; None for a file it does not
+        hold) are this instance's locks from then on, shared with the holder.
         """
         started = time.monotonic()
         reported = False
         shown = False
         for lock in self._locks:
-            while True:
+            while lock.fd is None:  # not taken over from the holder
                 async with self._serial:
                     locked = await self._try_lock(lock, create=True)
                 unusable = isinstance(locked, DirectoryUnusable)
@@ -329,6 +343,10 @@ class InstanceLock:
                         await directory_unusable(unusable)
                 if locked is True:
                     break
+                if locked is False and take_over is not None and lock is self._locks[0]:
+                    fds = await take_over()
+                    if fds is not None and await self._adopt(fds):
+                        break
                 if locked is False and not reported:
                     log.error(
                         "Another rbln-device-plugin instance serves this kubelet directory; "
@@ -347,6 +365,30 @@ class InstanceLock:
                 lockPath=str(self.path), waitedSeconds=round(time.monotonic() - started, 1),
             )  # fmt: skip
         return True
+
+    def held_fds(self) -> list[int | None]:
+        """Per lock file, in order: the descriptor holding it (None: not held now)."""
+        return [lock.fd for lock in self._locks]
+
+    async def _adopt(self, fds: Sequence[int | None]) -> bool:
+        """Take the holder's descriptors as this instance's locks: each one checked to be
+        the file at its path (one that is not is closed, and that file is locked as
+        usual). True when the first lock, the one every other instance waits on, is ours."""
+        pairs = [(lock, fd) for lock, fd in zip(self._locks, fds, strict=False) if fd is not None]
+        for fd in fds[len(pairs) :]:
+            if fd is not None:
+                os.close(fd)
+        async with self._serial:
+            looks = await self._io.map(
+                [Call(str(lock.path), partial(lock.is_current, fd)) for lock, fd in pairs]
+            )
+            for (lock, fd), current in zip(pairs, looks, strict=True):
+                if current is True and lock.fd is None:
+                    lock.take(fd)
+                else:
+                    os.close(fd)
+        self.taken_over = self._locks[0].fd is not None
+        return self.taken_over
 
     async def _try_lock(
         self, lock: _LockFile, *, create: bool
@@ -458,7 +500,19 @@ class InstanceLock:
             if not locked:
                 reason = "the lock file was deleted or replaced and another process holds it now"
                 lock.close()
-                self._lose(LockLoss(lock.path, reason, await self._holder(lock)))
+                holder = await self._holder(lock)
+                if holder == self.partner_pid and lock is not self._locks[0]:
+                    # The other instance of this installation locked the new file first
+                    # (both saw it go): still one installation. The first lock, the one
+                    # everyone else waits on, is still held by both.
+                    log.debug(
+                        "Instance lock file locked again by the other instance of "
+                        "this installation",
+                        lockPath=str(lock.path),
+                        holderPid=holder,
+                    )
+                    continue
+                self._lose(LockLoss(lock.path, reason, holder))
                 return False
             if not lock.legacy:  # the kubelet deletes the legacy file on its own
                 log.warning("Instance lock file was deleted or replaced; locked it again",

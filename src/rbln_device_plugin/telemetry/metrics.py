@@ -61,8 +61,13 @@ STATE_WAITING_FOR_LOCK: Final = "waiting_for_lock"
 STATE_SERVING: Final = "serving"
 # The instance lock's directory (that of --rsd-lock-path) cannot be made or opened.
 STATE_LOCK_DIR_UNUSABLE: Final = "lock_dir_unusable"
+# A hand-over (runtime.handover): serving beside the previous instance of this
+# installation, which still runs; and a successor serves, this one leaves at its stop.
+STATE_TAKING_OVER: Final = "taking_over"
+STATE_HANDED_OVER: Final = "handed_over"
 INSTANCE_STATES: Final = (
     STATE_WAITING_FOR_KUBELET_DIR, STATE_WAITING_FOR_LOCK, STATE_LOCK_DIR_UNUSABLE, STATE_SERVING,
+    STATE_TAKING_OVER, STATE_HANDED_OVER,
 )  # fmt: skip
 
 

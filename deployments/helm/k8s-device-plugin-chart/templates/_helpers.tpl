@@ -79,6 +79,18 @@ to change. Also the limits that involve arithmetic or more than one value.
 */}}
 {{- define "rbln-device-plugin.validate" -}}
 {{- $plugin := .Values.devicePlugin }}
+{{- if eq ($plugin.surgeHandover | default false) true }}
+{{- $strategy := $plugin.updateStrategy | default dict }}
+{{- if or (hasKey $strategy "rollingUpdate") (eq (toString ($strategy.type | default "RollingUpdate")) "OnDelete") }}
+{{- fail "devicePlugin.surgeHandover sets the update strategy itself (RollingUpdate, maxSurge 1, maxUnavailable 0): leave devicePlugin.updateStrategy at its default" }}
+{{- end }}
+{{- if gt (len $plugin.kubeletDevicePluginPath) 56 }}
+{{- fail (printf "devicePlugin.surgeHandover: devicePlugin.kubeletDevicePluginPath %q is longer than 56 characters, which leaves no room for a successor's socket names (unix socket paths are limited to 107 bytes)" $plugin.kubeletDevicePluginPath) }}
+{{- end }}
+{{- if le (int $plugin.containers.plugin.healthcheckPort) 0 }}
+{{- fail "devicePlugin.surgeHandover needs the health service (containers.plugin.healthcheckPort): its readiness probe tells when the new pod serves" }}
+{{- end }}
+{{- end }}
 {{- $interval := $plugin.deviceScanInterval }}
 {{- if not (kindIs "string" $interval) }}
 {{- fail (printf "devicePlugin.deviceScanInterval: %v is a number, but the plugin needs a Go duration with a unit, such as %vs or %vms (use --set-string, or quotes in a values file)" $interval $interval $interval) }}
