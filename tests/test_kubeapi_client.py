@@ -5,11 +5,12 @@ models, selects slices by node and driver as the kubelet does, and watches them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models import resource_v1 as rm
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.resource_v1 import (
@@ -97,21 +98,23 @@ async def test_resource_slices_are_written_and_selected_by_node_and_driver(
     assert [d.name for d in replaced.spec.devices] == ["rbln0"]
 
 
-async def test_a_claims_allocation_is_read_back_typed(client: AsyncClient) -> None:
-    await client.create(
-        DeviceClass(
-            metadata=ObjectMeta(name="npu.rebellions.ai"),
-            spec=rm.DeviceClassSpec(
-                selectors=[
-                    rm.DeviceSelector(
-                        cel=rm.CELDeviceSelector(expression=f"device.driver == '{DRIVER}'")
-                    )
-                ]
-            ),
+async def allocated_claim(client: AsyncClient, name: str) -> ResourceClaim:
+    """A claim for 2 NPUs, allocated as the scheduler allocates (its status subresource)."""
+    with contextlib.suppress(ApiError):  # one class for the module's claims
+        await client.create(
+            DeviceClass(
+                metadata=ObjectMeta(name="npu.rebellions.ai"),
+                spec=rm.DeviceClassSpec(
+                    selectors=[
+                        rm.DeviceSelector(
+                            cel=rm.CELDeviceSelector(expression=f"device.driver == '{DRIVER}'")
+                        )
+                    ]
+                ),
+            )
         )
-    )
     claim = ResourceClaim(
-        metadata=ObjectMeta(name="two-npus", namespace="default"),
+        metadata=ObjectMeta(name=name, namespace="default"),
         spec=rm.ResourceClaimSpec(
             devices=rm.DeviceClaim(
                 requests=[
@@ -124,7 +127,6 @@ async def test_a_claims_allocation_is_read_back_typed(client: AsyncClient) -> No
         ),
     )
     made = await client.create(claim)
-    # What the scheduler writes when it allocates: the status subresource.
     status = rm.ResourceClaimStatus(
         allocation=rm.AllocationResult(
             devices=rm.DeviceAllocationResult(
@@ -138,9 +140,14 @@ async def test_a_claims_allocation_is_read_back_typed(client: AsyncClient) -> No
         )
     )
     await client.patch(
-        ResourceClaimStatus, "two-npus", {"status": status.to_dict()},
+        ResourceClaimStatus, name, {"status": status.to_dict()},
         namespace="default", patch_type=PatchType.MERGE,
     )  # fmt: skip
+    return made
+
+
+async def test_a_claims_allocation_is_read_back_typed(client: AsyncClient) -> None:
+    made = await allocated_claim(client, "two-npus")
     read = await client.get(ResourceClaim, "two-npus", namespace="default")
     assert read.metadata.uid == made.metadata.uid
     assert read.status is not None and read.status.allocation is not None
@@ -166,3 +173,23 @@ async def test_slices_are_watched(client: AsyncClient) -> None:
     await client.delete(ResourceSlice, "node-w-npu")
     await asyncio.wait_for(watcher, 30)
     assert seen == [("ADDED", "node-w-npu"), ("DELETED", "node-w-npu")]
+
+
+async def test_the_dra_front_end_reads_a_claims_allocation_from_the_api_server(
+    client: AsyncClient,
+) -> None:
+    # The plugin's own reader (dra.apiclaims) and the pure mapping (dra.claims); a claim
+    # that is not there names the server's answer.
+    from rbln_device_plugin.dra.apiclaims import ApiClaims
+    from rbln_device_plugin.dra.claims import ClaimProblem, ClaimRef, allocated_devices
+
+    claim = await allocated_claim(client, "for-the-plugin")
+    assert claim.metadata is not None and claim.metadata.uid is not None
+    ref = ClaimRef("default", "for-the-plugin", claim.metadata.uid)
+    reader = ApiClaims(client)
+    found = allocated_devices(await reader.get(ref), ref, DRIVER, "node-a")
+    assert [(a.request, a.pool, a.device) for a in found] == [
+        ("npus", "node-a", "rbln0"), ("npus", "node-a", "rbln1"),
+    ]  # fmt: skip
+    with pytest.raises(ClaimProblem, match="default/absent from the API server: 404 NotFound"):
+        await reader.get(ClaimRef("default", "absent", "x"))
