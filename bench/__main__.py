@@ -21,6 +21,7 @@ from . import (
     bench_fast,
     bench_http,
     bench_idle_parts,
+    bench_k8sclient,
     bench_lean,
     bench_load,
     bench_metrics,
@@ -86,6 +87,7 @@ def main(argv: list[str]) -> int:
         ("load", bench_load.run),
         ("CDI spec directories", bench_cdidirs.run),
         ("CDI spec checks", bench_cdi.run),
+        ("Kubernetes client libraries", bench_k8sclient.run),
     ]
     rows: list[Row] = []
     began = time.monotonic()

@@ -110,6 +110,7 @@ SHARED_MODULES = {
     "test_goparse.py",
     "test_hostile.py",
     "test_prometheus_rules.py",
+    "test_kubeapi_client.py",  # one real API server (tests/kubeapi.py)
 }
 
 

@@ -43,7 +43,8 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"host", "options"}),
     # The core: scan -> inventory -> per-resource device state. It knows no front end.
     frozenset({"core"}),
-    frozenset({"kubelet", "inspect"}),
+    # The front ends (the device plugin's kubelet/, DRA's dra/) and inspect: independent.
+    frozenset({"kubelet", "dra", "inspect"}),
     frozenset({"runtime"}),
     frozenset({"cli"}),
     frozenset({"entry"}),  # the signal catcher first, then cli
@@ -171,6 +172,7 @@ def test_daemon_imports_point_down_the_layers_without_cycles() -> None:
 # and no part reaches back up: the session's producers (servicer, plugin, watch) only
 # know its events.
 _KUBELET = f"{DAEMON}.kubelet"
+_DRA = f"{DAEMON}.dra"
 FORBIDDEN_WITHIN: Mapping[str, frozenset[str]] = {
     f"{_KUBELET}.allocate": frozenset(
         {f"{_KUBELET}.{m}" for m in ("plugin", "servicer", "session", "events", "preferred")}
@@ -206,16 +208,21 @@ def test_modules_within_a_layer_keep_their_boundaries() -> None:
         if source in graph and graph[source] & forbidden
     }
     assert wrong == {}
-    # Nothing under kubelet/ knows the scan loop, nothing in the core a front end; the
-    # Allocate path's parts and the session exist.
-    kubelet = [name for name in graph if name.startswith(_KUBELET)]
-    assert not [n for n in kubelet if any(t.startswith(f"{DAEMON}.runtime") for t in graph[n])]
+    # Nothing under kubelet/ or dra/ knows the scan loop, nothing in the core a front end;
+    # the Allocate path's parts, the session and the shared RSD sequence exist.
+    front_end_modules = [n for n in graph if n.startswith((_KUBELET, _DRA))]
+    runtime = f"{DAEMON}.runtime"
+    assert not [n for n in front_end_modules if any(t.startswith(runtime) for t in graph[n])]
     core = [name for name in graph if name.startswith(f"{DAEMON}.core")]
-    front_ends = (_KUBELET, f"{DAEMON}.inspect", f"{DAEMON}.runtime")
+    front_ends = (_KUBELET, _DRA, f"{DAEMON}.inspect", f"{DAEMON}.runtime")
     assert not [n for n in core if any(t.startswith(front_ends) for t in graph[n])]
-    assert {f"{_KUBELET}.allocate", f"{DAEMON}.core.devicestate", f"{_KUBELET}.session"} <= set(
-        graph
-    )
+    assert {
+        f"{_KUBELET}.allocate", f"{DAEMON}.core.devicestate", f"{_KUBELET}.session",
+        f"{DAEMON}.core.rsdgroups", f"{_DRA}.prepare",
+    } <= set(graph)  # fmt: skip
+    # Both front ends run the RSD sequence from the core, not one from the other.
+    assert f"{DAEMON}.core.rsdgroups" in graph[f"{_KUBELET}.allocate"]
+    assert f"{DAEMON}.core.rsdgroups" in graph[f"{_DRA}.prepare"]
 
 
 def test_simulator_imports_have_no_cycles() -> None:

@@ -18,18 +18,15 @@ since the group would be built from one device's bus ID and ``/dev/<name>`` be a
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 import grpc
 
 from rbln_device_plugin.api.v1beta1 import api_pb2
-from rbln_device_plugin.config import Config
 from rbln_device_plugin.core.requests import (
     SHOWN_ID_CHARS,
     SHOWN_IDS,
@@ -37,8 +34,8 @@ from rbln_device_plugin.core.requests import (
     Snapshot,
     shown_id,
 )
-from rbln_device_plugin.host import devnodes, rsd, smi
-from rbln_device_plugin.host.hostio import Call, HostBatch, Slot, Stalled
+from rbln_device_plugin.core.rsdgroups import FirstLook, GroupMaker, failure_class
+from rbln_device_plugin.host import rsd
 from rbln_device_plugin.kubelet import cdi
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.model.inventory import Device
@@ -59,17 +56,6 @@ _TRACED_IDS: Final = 256
 log = get_logger()
 
 
-def _failure_class(exc: BaseException) -> str:
-    """The metrics' result class of a container's failure after validation."""
-    if isinstance(exc, devnodes.DeviceNodeMissing | devnodes.NotADeviceNode):
-        return m.ALLOCATE_DEVICE_NODE
-    if isinstance(exc, rsd.RsdLockTimeout):
-        return m.ALLOCATE_RSD_LOCK
-    if isinstance(exc, rsd.RsdError):  # incl. rbln-smi not found
-        return m.ALLOCATE_RSD_GROUP
-    return m.ALLOCATE_INTERNAL
-
-
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """What preparing the containers came to: the response (the containers done so far
@@ -81,53 +67,6 @@ class Prepared:
     rescan_wanted: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class FirstLook:
-    """The first round of the containers' host checks, run in the same off-loop batch as
-    the final status reads (``batch``): what sits at each requested device's node (None:
-    usable), the rbln-smi to run (or why there is none), and per container the RSD lock
-    file opened ahead (``rsd.open_lock_file_ahead``; a container takes its own when its
-    turn comes, ``close`` drops the ones never taken)."""
-
-    batch: HostBatch
-    node_kinds: Mapping[Path, Slot[str | None]]
-    rbln_smi: Slot[Path | smi.SmiNotFound]
-    lock_files: Sequence[Slot[rsd.OpenedLockFile | OSError]]
-
-    @classmethod
-    def build(cls, config: Config, distinct: Sequence[str], containers: int) -> FirstLook:
-        """The calls for the distinct requested IDs: the device nodes, the rbln-smi
-        lookup, then one RSD lock file opened per container."""
-        accept_files = config.test_file_device_nodes
-        batch = HostBatch()
-        kinds = {}
-        for device_id in distinct:
-            path = config.dev_root / device_id
-            look = partial(devnodes.node_kind, path, accept_files)
-            kinds[path] = batch.add(Call(str(path), look))
-        found = batch.add(Call(_SMI_LOOKUP, partial(_lookup, config.rbln_smi)))
-        lock_path = config.rsd_lock_path
-        locks = [
-            batch.add(Call(str(lock_path), partial(rsd.open_lock_file_ahead, lock_path)))
-            for _ in range(containers)
-        ]
-        return cls(batch, kinds, found, locks)
-
-    def lock_file(self, container: int) -> rsd.LockFileAhead | None:
-        if container < len(self.lock_files):
-            return self.lock_files[container].result()
-        return None
-
-    def close(self) -> None:
-        for slot in self.lock_files:
-            try:
-                ahead = slot.result()
-            except RuntimeError:  # the batch never ran: nothing was opened
-                return
-            if isinstance(ahead, rsd.OpenedLockFile):
-                ahead.close()
-
-
 class Allocator:
     """Prepares containers from a checked snapshot: device nodes, RSD group, response."""
 
@@ -137,14 +76,9 @@ class Allocator:
         self._tracer = services.tracer
         self._hostio = services.hostio
         self._metrics = services.metrics
-        self._rsd_queue = services.rsd_queue
-        # Where and how this node's RSD groups change: the same for every allocation.
-        self._rsd_host = rsd.RsdHost(
-            services.hostio,
-            services.config.rsd_lock_path,
-            services.config.dev_root,
-            accept_file_nodes=services.config.test_file_device_nodes,
-            metrics=services.metrics,
+        # The RSD sequence the DRA front end runs too (core.rsdgroups).
+        self._groups = GroupMaker(
+            services.config, services.hostio, services.metrics, services.rsd_queue
         )
 
     def look_ahead(self, distinct: Sequence[str], containers: int) -> FirstLook:
@@ -152,7 +86,7 @@ class Allocator:
         status reads' batch (see ``DeviceState.final_check``): they only stat paths and
         open the RSD lock file (creating it when missing), lock nothing, create no
         group, and run only once the request passed validation."""
-        return FirstLook.build(self._config, distinct, containers)
+        return self._groups.look_ahead(distinct, containers)
 
     async def prepare(
         self, requested: Sequence[Sequence[str]], snapshot: Snapshot, first: FirstLook
@@ -270,8 +204,8 @@ class Allocator:
             try:
                 dev_root = self._config.dev_root
                 node_paths = [dev_root / d.name for d in devices]
-                binary = await self._nodes_and_rbln_smi(node_paths, first)
-                group = await self._recreate_group(binary, devices, lock_file)
+                binary = await self._groups.nodes_and_rbln_smi(node_paths, first)
+                group = await self._groups.recreate(binary, devices, lock_file)
                 span.set_attribute("rbln.rsd.host_path", str(group.host_path))
             except Exception as exc:
                 # Raised inside the span: the span and its parent record it as an error.
@@ -307,13 +241,13 @@ class Allocator:
             return AllocationError(
                 f"{self._resource}: {exc}",
                 logged=True,
-                result=_failure_class(exc),
+                result=failure_class(exc),
                 rescan_wanted=True,
             )
         return AllocationError(
             f"{self._resource}: {', '.join(ids)}: {exc}",
             logged=True,
-            result=_failure_class(exc),
+            result=failure_class(exc),
         )
 
     def _response(
@@ -328,84 +262,6 @@ class Allocator:
                 container_path=f"/dev/{device.name}", host_path=str(path), permissions=PERMISSIONS
             )
         return response
-
-    async def _nodes_and_rbln_smi(self, node_paths: Sequence[Path], first: FirstLook) -> Path:
-        """Wait for the device nodes, then find rbln-smi.
-
-        The first round of both is ``first`` (taken beside the status reads). Only when a
-        node is not there yet (or is something else) does the usual polling wait follow.
-        """
-        accept_files = self._config.test_file_device_nodes
-        kinds = [first.node_kinds[p].result() for p in node_paths]
-        found = first.rbln_smi.result()
-        if any(kind is not None for kind in kinds):
-            await devnodes.wait_for_nodes(node_paths, self._hostio, accept_files=accept_files)
-        # Not finding rbln-smi is a discovery error to the scan; here it fails the group.
-        if isinstance(found, smi.SmiNotFound):
-            raise rsd.RsdError(str(found)) from found
-        if isinstance(found, Stalled):
-            raise rsd.RsdError(f"looking for rbln-smi: {found}")
-        return found
-
-    async def _recreate_group(
-        self, binary: Path, devices: Sequence[Device], lock_file: rsd.LockFileAhead | None
-    ) -> rsd.RsdGroup:
-        """Recreate the RSD group within one 5 s lock budget.
-
-        This daemon's own allocations queue in arrival order (no 100 ms polling races
-        between them); the time spent in that queue counts against the same budget as
-        the file lock, so no allocation waits longer than the lock policy allows.
-        """
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            async with asyncio.timeout(rsd.LOCK_TIMEOUT_S):
-                await self._rsd_queue.acquire()
-        except TimeoutError:
-            raise self._lock_timeout("queued behind this daemon's earlier allocations") from None
-        queued = loop.time() - started
-        try:
-            return await rsd.recreate_rsd_group(
-                self._rsd_host,
-                binary,
-                [d.bus_id for d in devices],
-                expected={d.name: d.bus_id for d in devices},
-                lock_timeout=max(rsd.LOCK_RETRY_S, rsd.LOCK_TIMEOUT_S - queued),
-                opened_lock=lock_file,
-            )
-        except rsd.RsdLockTimeout as exc:
-            # The file lock had what the queue left of the budget: the allocation waited
-            # the whole budget, and says so (not the remainder the file lock was given).
-            queue_part = (
-                f"{queued:.1f} s of it queued behind this daemon's earlier allocations"
-                if queued >= _SHOWN_QUEUE_S
-                else None
-            )
-            raise self._lock_timeout(queue_part) from exc
-        finally:
-            self._rsd_queue.release()
-
-    def _lock_timeout(self, queue_part: str | None) -> rsd.RsdLockTimeout:
-        """The whole 5 s budget ran out; ``queue_part`` says how much went in the queue."""
-        note = f" ({queue_part})" if queue_part else ""
-        return rsd.RsdLockTimeout(
-            f"timed out after {rsd.LOCK_TIMEOUT_S:g} s waiting for the RSD lock "
-            f"{self._rsd_host.lock_path}{note}"
-        )
-
-
-# A queue wait shorter than this is not worth naming in a lock timeout's message.
-_SHOWN_QUEUE_S: Final = 0.05
-
-
-_SMI_LOOKUP: Final = "rbln-smi lookup"
-
-
-def _lookup(configured: Path | None) -> Path | smi.SmiNotFound:
-    try:
-        return smi.locate_rbln_smi(configured)
-    except smi.SmiNotFound as exc:
-        return exc
 
 
 def _ms(started: float) -> float:
