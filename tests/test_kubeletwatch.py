@@ -283,3 +283,25 @@ async def test_a_directory_removed_while_a_socket_inside_holds_it_is_watched_ane
         stop.set()
         held.close()
         await asyncio.wait_for(watch, 10)
+
+
+async def test_the_same_socket_moved_away_and_back_is_no_restart(tmp_path: Path) -> None:
+    """An exiting kubelet leaves its socket file where it was; the simulator's kubelet
+    moves it aside while gRPC stops and back afterwards. The watch sees the name go and
+    the same file come back: no new kubelet, so the plugins keep their registration."""
+    kubelet = Kubelet(tmp_path)
+    kubelet.start()
+    aside = tmp_path / "parked"
+    try:
+        async with watching(tmp_path) as (watch, restarts):
+            await watch.check()
+            kubelet.path.rename(aside)
+            assert not await watch.check()  # gone: the kubelet is down
+            aside.rename(kubelet.path)
+            assert not await watch.check()  # the same file back
+            assert watch.restarts == 0 and restarts.empty()
+            kubelet.start()  # a new kubelet: a new file
+            assert await next_restart(restarts) == "restart"
+            assert watch.restarts == 1
+    finally:
+        kubelet.stop()

@@ -81,6 +81,7 @@ class KubeletSocketWatch:
         self.socket_path = directory / KUBELET_SOCKET
         self._hostio = hostio
         self.identity: FileIdentity | None = None
+        self._last_file: FileIdentity | None = None  # the last socket file seen, kept while none is
         self.restarts = 0  # new sockets seen since the start (the first one is no restart)
         self._primed = False
         # One check at a time: a stat that returned late with the old socket must not
@@ -96,6 +97,7 @@ class KubeletSocketWatch:
         identity = await self._stat()
         if not isinstance(identity, Stalled):
             self.identity, self._primed = identity, True
+            self._last_file = identity
 
     async def check(self) -> bool:
         """Compare the socket with the last one seen; True (and one more restart) when new."""
@@ -107,12 +109,18 @@ class KubeletSocketWatch:
             return False
         if not self._primed:
             self.identity, self._primed = identity, True
+            self._last_file = identity
             return False
         if identity == self.identity:
             return False
         previous, self.identity = self.identity, identity
         if identity is None:
             return False  # the kubelet is down; its new socket is what counts
+        if identity == self._last_file:
+            # The same file back at its name (moved away and back, or a look that fell
+            # between the two): no new kubelet made it.
+            return False
+        self._last_file = identity
         log.info(
             "Detected kubelet socket recreation; restarting device plugins",
             kubeletSocket=str(self.socket_path), hadSocket=previous is not None,
