@@ -20,19 +20,32 @@ from rbln_device_plugin.api.dra.v1 import api_pb2_grpc as v1_grpc
 from rbln_device_plugin.api.dra.v1beta1 import api_pb2 as v1beta1
 from rbln_device_plugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from rbln_device_plugin.dra.claims import ClaimRef
-from rbln_device_plugin.dra.prepare import Outcome, Preparer
+from rbln_device_plugin.dra.prepare import Preparer
 
 
 def _refs(claims: Iterable[v1.Claim | v1beta1.Claim]) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
 
 
-async def _prepare_all(preparer: Preparer, refs: list[ClaimRef]) -> dict[str, Outcome]:
-    return {ref.uid: await preparer.prepare(ref) for ref in refs}
+async def _prepared(preparer: Preparer, request: Any, response: Any) -> Any:
+    """NodePrepareResources into ``response`` (the same message in either version)."""
+    for ref in _refs(request.claims):
+        outcome = await preparer.prepare(ref)
+        answer = response.claims[ref.uid]
+        answer.error = outcome.error
+        for d in outcome.devices:
+            answer.devices.add(
+                request_names=[d.request], pool_name=d.pool, device_name=d.device,
+                cdi_device_ids=d.cdi_device_ids,
+            )  # fmt: skip
+    return response
 
 
-async def _unprepare_all(preparer: Preparer, refs: list[ClaimRef]) -> dict[str, Outcome]:
-    return {ref.uid: await preparer.unprepare(ref) for ref in refs}
+async def _unprepared(preparer: Preparer, request: Any, response: Any) -> Any:
+    """NodeUnprepareResources into ``response`` (the same message in either version)."""
+    for ref in _refs(request.claims):
+        response.claims[ref.uid].error = (await preparer.unprepare(ref)).error
+    return response
 
 
 class DraPluginV1(v1_grpc.DRAPluginServicer):
@@ -42,26 +55,20 @@ class DraPluginV1(v1_grpc.DRAPluginServicer):
     async def NodePrepareResources(
         self, request: v1.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> v1.NodePrepareResourcesResponse:
-        response = v1.NodePrepareResourcesResponse()
-        for uid, outcome in (await _prepare_all(self._preparer, _refs(request.claims))).items():
-            answer = response.claims[uid]
-            answer.error = outcome.error
-            for d in outcome.devices:
-                answer.devices.add(
-                    request_names=[d.request], pool_name=d.pool, device_name=d.device,
-                    cdi_device_ids=d.cdi_device_ids,
-                )  # fmt: skip
-        return response
+        answer: v1.NodePrepareResourcesResponse = await _prepared(
+            self._preparer, request, v1.NodePrepareResourcesResponse()
+        )
+        return answer
 
     async def NodeUnprepareResources(
         self,
         request: v1.NodeUnprepareResourcesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> v1.NodeUnprepareResourcesResponse:
-        response = v1.NodeUnprepareResourcesResponse()
-        for uid, outcome in (await _unprepare_all(self._preparer, _refs(request.claims))).items():
-            response.claims[uid].error = outcome.error
-        return response
+        answer: v1.NodeUnprepareResourcesResponse = await _unprepared(
+            self._preparer, request, v1.NodeUnprepareResourcesResponse()
+        )
+        return answer
 
 
 class DraPluginV1beta1(v1beta1_grpc.DRAPluginServicer):
@@ -73,23 +80,17 @@ class DraPluginV1beta1(v1beta1_grpc.DRAPluginServicer):
         request: v1beta1.NodePrepareResourcesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> v1beta1.NodePrepareResourcesResponse:
-        response = v1beta1.NodePrepareResourcesResponse()
-        for uid, outcome in (await _prepare_all(self._preparer, _refs(request.claims))).items():
-            answer = response.claims[uid]
-            answer.error = outcome.error
-            for d in outcome.devices:
-                answer.devices.add(
-                    request_names=[d.request], pool_name=d.pool, device_name=d.device,
-                    cdi_device_ids=d.cdi_device_ids,
-                )  # fmt: skip
-        return response
+        answer: v1beta1.NodePrepareResourcesResponse = await _prepared(
+            self._preparer, request, v1beta1.NodePrepareResourcesResponse()
+        )
+        return answer
 
     async def NodeUnprepareResources(
         self,
         request: v1beta1.NodeUnprepareResourcesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> v1beta1.NodeUnprepareResourcesResponse:
-        response = v1beta1.NodeUnprepareResourcesResponse()
-        for uid, outcome in (await _unprepare_all(self._preparer, _refs(request.claims))).items():
-            response.claims[uid].error = outcome.error
-        return response
+        answer: v1beta1.NodeUnprepareResourcesResponse = await _unprepared(
+            self._preparer, request, v1beta1.NodeUnprepareResourcesResponse()
+        )
+        return answer
