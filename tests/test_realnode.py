@@ -379,12 +379,21 @@ class SurgeReport:
     lowest: int  # the lowest allocatable the API server stored
     samples: int
     timeline: str  # allocatable and serving instances over the rollout, for the report
+    refused: tuple[str, ...] = ()  # pods the kubelet refused at admission (1.34 only)
 
 
-def upgrade_with_surge(plugin: Cluster, held: Consumer) -> SurgeReport:
+def upgrade_with_surge(
+    plugin: Cluster, held: Consumer, *, one_endpoint: bool = False
+) -> SurgeReport:
     """``helm upgrade`` with devicePlugin.surgeHandover (the pods it replaces have it
     already) while allocatable is watched and a pod asking for one NPU is created every
-    second; every such pod runs with the devices the plugin handed out, none shared."""
+    second; every such pod runs with the devices the plugin handed out, none shared.
+
+    ``one_endpoint`` (a 1.34 kubelet): the old instance's leaving makes the kubelet close
+    the successor's connection too, and an Allocate it is sending at that moment fails
+    its pod (UnexpectedAdmissionError) until the successor registered again, as any pod
+    admitted in the default strategy's longer gap fails. Such pods are reported, not
+    failed on; every other pod runs with its devices."""
     # The rollout that brought the pods in has ended (a surge pod that is not ready yet
     # would be deleted by this upgrade's rollout: a fault case of its own).
     wait_for(
@@ -422,7 +431,19 @@ def upgrade_with_surge(plugin: Cluster, held: Consumer) -> SurgeReport:
         sampler.finish()
     try:
         # Every pod created during the rollout was admitted and runs with its devices.
-        pods = [Consumer(plugin, name, {NPU: 1}, created=True) for _, name in started]
+        pods: list[Consumer] = []
+        refused: list[str] = []
+        for _, name in started:
+            status = wait_for(
+                f"{name} running or refused",
+                lambda name=name: _admitted_or_refused(plugin, name),
+                diagnose=plugin.diagnose,
+            )
+            if status.get("phase") == "Failed" and one_endpoint:
+                assert status.get("reason") == "UnexpectedAdmissionError", status
+                refused.append(f"{name}: {status.get('message', '')}")
+                continue
+            pods.append(Consumer(plugin, name, {NPU: 1}, created=True))
         for pod in pods:
             assert len(pod.npus()) == 1, pod.devices
             assert_devices_as_allocated(plugin, pod, pod.npus())
@@ -439,7 +460,14 @@ def upgrade_with_surge(plugin: Cluster, held: Consumer) -> SurgeReport:
         lowest=min(count for _, count in sampler.allocatable),
         samples=len(sampler.allocatable),
         timeline=sampler.timeline(),
+        refused=tuple(refused),
     )
+
+
+def _admitted_or_refused(plugin: Cluster, name: str) -> Any:
+    """The pod's status once it runs or failed (a refused admission), else None."""
+    status = plugin.pod(name).get("status", {})
+    return status if status.get("phase") in ("Running", "Failed") else None
 
 
 def test_helm_upgrade_with_the_surge_handover_keeps_allocatable_and_pods(

@@ -153,19 +153,20 @@ def test_helm_upgrade_on_the_1_34_kubelet_with_and_without_the_surge_handover(
 ) -> None:
     """1.34 keeps one endpoint per resource: the old instance's leaving cuts the
     successor's stream, which registers again at once. The gaps of both strategies are
-    printed (never asserted); the pods run with their devices either way."""
+    printed (never asserted), and so are the pods the kubelet refused when an Allocate
+    met that moment; every other pod runs with its devices."""
     held = Consumer(cluster, "npu-during-upgrade", {NPU: 1})
     try:
         zero, samples = upgrade_default(cluster, held)
         cluster.say(f"1.34 helm upgrade (default): longest time allocatable {NPU} was 0: "
                     f"{zero:.1f} s ({samples} samples)")  # fmt: skip
         install(cluster, "devicePlugin.surgeHandover=true")  # pods that hand over
-        report = upgrade_with_surge(cluster, held)
+        report = upgrade_with_surge(cluster, held, one_endpoint=True)
         cluster.say(
             f"1.34 helm upgrade (surge hand-over): longest time both instances served "
             f"{report.both_s:.1f} s, longest time allocatable {NPU} was 0: "
             f"{report.zero_s:.1f} s, lowest {report.lowest} ({report.samples} samples); "
-            f"timeline: {report.timeline}"
+            f"pods refused at admission: {list(report.refused)}; timeline: {report.timeline}"
         )
         assert cluster.allocatable() == EXPECTED
     finally:
