@@ -10,6 +10,7 @@ them. Each call appends its own start and end (CLOCK_MONOTONIC ns) to ``timings`
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
@@ -36,7 +37,9 @@ def binary() -> Path:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NoCompiler("no cc/gcc on PATH")
-    out = Path(tempfile.mkdtemp(prefix="rbln-fastsmi-")) / "fast-smi"
+    scratch = tempfile.mkdtemp(prefix="rbln-fastsmi-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # one build per process
+    out = Path(scratch) / "fast-smi"
     # Static when the C library allows it: no dynamic loader in every call.
     for extra in (["-static"], []):
         done = subprocess.run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -120,11 +121,14 @@ async def test_with_metrics_off_the_daemon_loads_nothing_new(metrics_on: bool) -
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
            "RBLN_TEST_MODULES_OUT": str(out)}  # fmt: skip
     args = ["--metrics-port", "0"] if metrics_on else []
-    async with running("rebel-4", extra_args=args, env=env, level="info") as h:
-        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-        await h.kubelet.allocate(NPU, [["rbln0"]])
-        assert await asyncio.to_thread(h.daemon.stop) == 0
-    loaded = json.loads(out.read_text())
+    try:
+        async with running("rebel-4", extra_args=args, env=env, level="info") as h:
+            await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+            await h.kubelet.allocate(NPU, [["rbln0"]])
+            assert await asyncio.to_thread(h.daemon.stop) == 0
+        loaded = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
     assert "rbln_device_plugin.runtime.daemon" in loaded  # the hook saw the real daemon
     new = [m for m in loaded if m.startswith(NEW_MODULES)]
     if metrics_on:
