@@ -105,12 +105,15 @@ SHARED_MODULES = {
     "test_preferred_e2e.py",
     "test_deploy_chart.py",
     "test_deploy_chart_metrics.py",
+    "test_deploy_chart_dra.py",
+    "test_deploy_chart_dra_apiserver.py",  # one API server and scheduler (tests/kubeapi.py)
     "test_deploy_image.py",
     "test_cdi_library.py",  # one CDI checker process (a Go build)
     "test_goparse.py",
     "test_hostile.py",
     "test_prometheus_rules.py",
     "test_kubeapi_client.py",  # one real API server (tests/kubeapi.py)
+    "test_dra_publisher.py",  # the same, for the ResourceSlice publisher
 }
 
 

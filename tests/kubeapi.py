@@ -170,6 +170,8 @@ def running_apiserver(state: Path) -> Iterator[ApiServer]:
                 "--authorization-mode", "AlwaysAllow",
                 # The kubernetes Service cannot point at a loopback address.
                 "--endpoint-reconciler-type", "none",
+                # As real clusters: the chart's DaemonSet runs privileged.
+                "--allow-privileged=true",
             ],
         )  # fmt: skip
         server = ApiServer(url, token, kubeconfig, logs)

@@ -1073,10 +1073,16 @@ def test_rsd_lock_path_helm_and_daemon_agree(
     assert (done.returncode == 0) == daemon_ok, f"{path!r}: helm {done.stderr}"
 
 
+# The daemon's dra-mode settings: set only with `mode: dra` (test_deploy_chart_dra.py).
+DRA_MODE_ONLY = {"RBLN_MODE", "KUBELET_PLUGINS_REGISTRY_PATH", "KUBELET_PLUGINS_PATH", "KUBECONFIG"}
+
+
 def test_chart_sets_exactly_the_variables_the_cli_reads(rendered: dict[str, str]) -> None:
     set_by_chart = set(env_of(plugin_container(daemonset(rendered["otlp"]))))
     assert set_by_chart <= options.ENVIRONMENT_VARIABLES, "chart sets variables the CLI ignores"
-    assert set_by_chart == options.ENVIRONMENT_VARIABLES - LEFT_AT_DEFAULT - TEST_ONLY
+    assert set_by_chart == (
+        options.ENVIRONMENT_VARIABLES - LEFT_AT_DEFAULT - TEST_ONLY - DRA_MODE_ONLY
+    )
 
 
 def _daemon_args(tmp: Path) -> list[str]:

@@ -27,6 +27,7 @@ import pytest
 from rbln_device_plugin_sim.node import TOOLKIT_CDI_ENV
 
 from .realnode.cluster import NODE_NAME, Cluster, wait_for
+from .realnode.configs import API_SERVER_PORT, NODE_IP
 from .realnode.layouts import EXPECTED
 from .realnode.workloads import (
     KUBELET_GONE,
@@ -38,6 +39,9 @@ from .realnode.workloads import (
     VF4,
     Consumer,
     consumer,
+    finished_pod,
+    grant,
+    in_cluster_pod,
     install,
     plugin_records,
     ready_plugin_pods,
@@ -612,3 +616,59 @@ def test_the_operators_daemonset_registers_the_same_devices(realnode: Cluster) -
             "delete", "daemonset", "rbln-device-plugin", "-n", NAMESPACE, "--wait=true"
         )
         wait_for("allocatable 0", lambda: not any(realnode.allocatable().values()))
+
+
+# ---------------------------------------------------------------- the API server from a pod
+# What the DRA mode does at start (lightkube's in-cluster configuration), then one GET.
+GET_OWN_NODE = """\
+import os
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.resources.core_v1 import Node
+
+config = KubeConfig.from_service_account()
+print("SERVER", config.get().cluster.server)
+try:
+    node = Client(config).get(Node, os.environ["NODE_NAME"])
+except ApiError as exc:
+    print("REFUSED", exc.status.code, exc.status.reason)
+else:
+    print("NODE", node.metadata.name)
+"""
+
+
+def test_a_pod_reaches_the_api_server_in_cluster_style_with_what_rbac_grants(
+    realnode: Cluster,
+) -> None:
+    """The plugin's image with a service account token, TLS verified against the token's
+    ``ca.crt``: the account RBAC lets get nodes reads its node; one bound to nothing is
+    refused (the suite's API server enforces RBAC, so a chart's ClusterRole counts)."""
+    grant(realnode, "node-reader", [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}])
+    grant(realnode, "no-rights", [])
+    pods = {"api-reader": "node-reader", "api-nobody": "no-rights"}
+    try:
+        for name, account in pods.items():
+            realnode.delete_pod(name)
+            realnode.apply(in_cluster_pod(realnode, name, account, GET_OWN_NODE))
+        ended = {name: finished_pod(realnode, name) for name in pods}
+        logs = {name: realnode.pod_logs("default", name) for name in pods}
+        server = f"SERVER https://{NODE_IP}:{API_SERVER_PORT}"
+        assert logs["api-reader"].splitlines() == [server, f"NODE {NODE_NAME}"], logs
+        assert ended["api-reader"]["status"]["phase"] == "Succeeded"
+        assert logs["api-nobody"].splitlines() == [server, "REFUSED 403 Forbidden"], logs
+        # The token came from the TokenRequest API through a projected volume, as the
+        # ServiceAccount admission plugin mounts it, with the published root CA beside it.
+        sources = [
+            source
+            for volume in ended["api-reader"]["spec"]["volumes"]
+            for source in volume.get("projected", {}).get("sources", [])
+        ]
+        assert any("serviceAccountToken" in s for s in sources), sources
+        assert {
+            "configMap": {
+                "name": "kube-root-ca.crt",
+                "items": [{"key": "ca.crt", "path": "ca.crt"}],
+            }
+        } in sources
+    finally:
+        for name in pods:
+            realnode.delete_pod(name)

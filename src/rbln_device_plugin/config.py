@@ -80,6 +80,11 @@ MIN_SCAN_STALL_LIMIT_S: Final = 1.0
 # How Allocate names the CDI device: the annotation (as the Go plugin), the device plugin
 # API's cdi_devices field (kubelet 1.28+), or both.
 CDI_MODES: Final = ("annotation", "field", "both")
+# Which kubelet API the daemon serves: one node runs one (the kubelet refuses an extended
+# resource offered both through a device plugin and through a DRA DeviceClass).
+MODE_DEVICE_PLUGIN: Final = "device-plugin"
+MODE_DRA: Final = "dra"
+MODES: Final = (MODE_DEVICE_PLUGIN, MODE_DRA)
 
 
 def _path(raw: str) -> Path:
@@ -243,7 +248,18 @@ def _optional_path(raw: str) -> Path | None:
     return _path(raw) if raw.strip() else None
 
 
+def _mode(raw: str) -> str:
+    return _choice(raw, MODES, ConfigError(
+        f"{raw!r} is not a mode: device-plugin (the kubelet's device-plugin API) or dra "
+        "(a DRA kubelet plugin with ResourceSlices)"
+    ))  # fmt: skip
+
+
 OPTIONS: Final[tuple[Option, ...]] = (
+    Option("mode", "--mode", "RBLN_MODE", MODE_DEVICE_PLUGIN,
+           "which kubelet API serves the NPUs: device-plugin (extended resources through the "
+           "device-plugin API) or dra (a DRA kubelet plugin: ResourceSlices and claims); one "
+           "node runs one of them", "device-plugin|dra", convert=_mode),
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
            "directory of CDI spec files; stale transient specs are removed from it", "DIR",
            convert=_host_dir),
@@ -258,6 +274,18 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("kubelet_dir", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
            "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR",
            convert=_host_dir),
+    Option("kubelet_plugins_registry_path", "--kubelet-plugins-registry-path",
+           "KUBELET_PLUGINS_REGISTRY_PATH", "/var/lib/kubelet/plugins_registry",
+           "dra mode: the kubelet's plugin-watcher directory (the registration socket goes "
+           "here)", "DIR", convert=_host_dir),
+    Option("kubelet_plugins_path", "--kubelet-plugins-path", "KUBELET_PLUGINS_PATH",
+           "/var/lib/kubelet/plugins",
+           "dra mode: the kubelet's plugin directory; the driver's own directory below it "
+           "holds the service socket, the checkpoint and the instance lock", "DIR",
+           convert=_host_dir),
+    Option("kubeconfig", "--kubeconfig", "KUBECONFIG", "",
+           "dra mode: a kubeconfig file for the API server; empty: the pod's service account "
+           "(in-cluster)", "PATH", shown_default="in-cluster", convert=_optional_path),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515",
            "TCP port of the gRPC health service, an integer as Go reads it; negative "
            "disables it, 0 picks a free port; a Kubernetes service link value "
@@ -288,7 +316,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
            f"{format_duration(MIN_METRICS_EXPORT_INTERVAL_S)} and at most "
            f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", convert=_export_interval),
     Option("node_name", "--node-name", "NODE_NAME", "",
-           "Kubernetes node name, recorded on traces as k8s.node.name", "NAME", convert=_text),
+           "Kubernetes node name, recorded on traces as k8s.node.name; dra mode needs it (the "
+           "pool and the ResourceSlices are the node's)", "NAME", convert=_text),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
            "sysfs mount point (device status, PCI hierarchy, SR-IOV files)", "DIR", convert=_path),
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev",
@@ -320,6 +349,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
 )  # fmt: skip
 
 _UNIX_SOCKET_PATH_MAX: Final = 107
+_NODE_NAME_RE: Final = re.compile(
+    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
 # Beside the RSD lock and the instance lock's anchor (see runtime.handover).
 HANDOVER_SOCKET_NAME: Final = "rbln-device-plugin.handover.sock"
 _OTEL_PREFIX: Final = "OTEL_"
@@ -349,6 +381,10 @@ class Config:
     cdi_mode: str = "annotation"
     # The installation this instance belongs to (empty: none); see runtime.handover.
     installation: str = ""
+    mode: str = MODE_DEVICE_PLUGIN
+    kubelet_plugins_registry_path: Path = Path("/var/lib/kubelet/plugins_registry")
+    kubelet_plugins_path: Path = Path("/var/lib/kubelet/plugins")
+    kubeconfig: Path | None = None
     # Where each setting came from ("flag", "env" or "default"), so that a later message
     # about a value can name what supplied it. Not part of the configuration itself.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -456,6 +492,8 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
             f"{config.origin('metrics_otlp')}: OTLP metrics need a collector; set "
             f"{endpoint.flag} or {endpoint.env}"
         )
+    if config.mode == MODE_DRA:
+        _dra_fits(config)
     socket_path = config.kubelet_dir / resources.LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
         raise ConfigError(
@@ -463,6 +501,33 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
             f"sockets (socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
         )
     return _installation_fits(config)
+
+
+def _dra_fits(config: Config) -> None:
+    """What dra mode needs that the device-plugin mode does not."""
+    if not config.node_name:
+        node = _option("node_name")
+        raise ConfigError(
+            f"{config.origin('mode')}: dra mode needs the node's name ({node.flag} or "
+            f"{node.env}; the chart sets it from the pod's spec.nodeName)"
+        )
+    if not _NODE_NAME_RE.fullmatch(config.node_name):
+        raise ConfigError(
+            f"{config.origin('node_name')}: {config.node_name[:80]!r} is not a Kubernetes "
+            "node name (a DNS subdomain: lowercase letters, digits, '-' and '.', at most "
+            "253 characters)"
+        )
+    # The longer of the two sockets (see dra.names): a bind would fail on a longer path.
+    for name, socket in (
+        ("kubelet_plugins_registry_path", "npu.rebellions.ai-reg.sock"),
+        ("kubelet_plugins_path", "npu.rebellions.ai/dra.sock"),
+    ):
+        path = getattr(config, name) / socket
+        if len(str(path).encode()) > _UNIX_SOCKET_PATH_MAX:
+            raise ConfigError(
+                f"{config.origin(name)}: {getattr(config, name)} is too long for unix "
+                f"sockets (socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
+            )
 
 
 def _installation_fits(config: Config) -> Config:

@@ -40,6 +40,7 @@ from rbln_device_plugin_sim.node import (
 
 from . import artifacts
 from .configs import (
+    API_SERVER_PORT,
     BRIDGE,
     CNI_CONFIG,
     CONTAINERD_16_CONFIG,
@@ -415,7 +416,7 @@ class Cluster:
                         {
                             "name": "realnode",
                             "cluster": {
-                                "server": "https://127.0.0.1:6443",
+                                "server": f"https://127.0.0.1:{API_SERVER_PORT}",
                                 "insecure-skip-tls-verify": True,
                             },
                         }
@@ -461,12 +462,16 @@ class Cluster:
                 "kube-apiserver",
                 "--etcd-servers",
                 "http://127.0.0.1:2379",
+                # Every address of the node's private network namespace: loopback for the
+                # admin kubeconfig, NODE_IP for pods (configs.in_cluster_api_env). The
+                # self-signed serving certificate names the advertise address (NODE_IP) and
+                # "localhost"; the controller manager publishes it as kube-root-ca.crt.
                 "--bind-address",
-                "127.0.0.1",
+                "0.0.0.0",
                 "--advertise-address",
                 NODE_IP,
                 "--secure-port",
-                "6443",
+                str(API_SERVER_PORT),
                 "--cert-dir",
                 str(self.pki.cert_dir),
                 "--service-cluster-ip-range",
@@ -479,11 +484,14 @@ class Cluster:
                 str(self.pki.sa_pub),
                 "--service-account-signing-key-file",
                 str(self.pki.sa_key),
-                # Tests only, on the node's private network: every request is allowed.
+                # As kubeadm sets it: a pod's service account may do only what RBAC grants
+                # (a chart's ClusterRole is tested for real). The admin token, which the
+                # kubelet, scheduler and controller manager use too, is in system:masters.
                 "--authorization-mode",
-                "AlwaysAllow",
+                "Node,RBAC",
                 "--allow-privileged=true",
-                # The kubernetes Service cannot point at a loopback address.
+                # No service proxy runs here, so the kubernetes Service's ClusterIP leads
+                # nowhere whatever its endpoints; pods use NODE_IP directly instead.
                 "--endpoint-reconciler-type",
                 "none",
                 "--kubelet-preferred-address-types",
@@ -661,8 +669,10 @@ class Cluster:
         return done.stdout
 
     # ------------------------------------------------------------------ the chart
-    def sim_values(self) -> dict[str, Any]:
-        """Chart values that point the plugin at the simulated node (documented values)."""
+    def sim_values(self, extra_env: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
+        """Chart values that point the plugin at the simulated node (documented values);
+        ``extra_env``: more entries of the plugin container's ``extraEnv`` (a values file
+        cannot add to a list, only replace it), e.g. ``configs.in_cluster_api_env()``."""
         root = str(self.sim.root)
         return {
             "devicePlugin": {
@@ -675,6 +685,7 @@ class Cluster:
                             {"name": "SYSFS_ROOT", "value": str(self.sim.sysfs_root)},
                             {"name": "DEV_ROOT", "value": str(self.sim.dev_root)},
                             {"name": "RBLN_SMI_PATH", "value": str(self.sim.smi_path)},
+                            *(dict(entry) for entry in extra_env),
                         ],
                         "extraVolumeMounts": [{"name": "simulated-node", "mountPath": root}],
                     }
@@ -689,11 +700,13 @@ class Cluster:
         sets: Sequence[str] = (),
         values: Mapping[str, Any] | None = None,
         extra_args: Sequence[str] = (),
+        extra_env: Sequence[Mapping[str, str]] = (),
     ) -> str:
-        """``helm upgrade --install`` as the README's Quick Start does, on the simulated node."""
+        """``helm upgrade --install`` as the README's Quick Start does, on the simulated node.
+        ``extra_env``: see ``sim_values``."""
         repository, tag = self.arts.plugin_image.rsplit(":", 1)
         files = []
-        for index, doc in enumerate((self.sim_values(), values or {})):
+        for index, doc in enumerate((self.sim_values(extra_env), values or {})):
             path = self.state / f"values-{release}-{index}.yaml"
             path.write_text(yaml.safe_dump(doc))
             files += ["-f", str(path)]

@@ -10,6 +10,25 @@ from . import artifacts
 
 NODE_IP: Final = "10.88.0.1"
 BRIDGE: Final = "rbln-br0"
+API_SERVER_PORT: Final = 6443
+
+
+def in_cluster_api_env() -> list[dict[str, str]]:
+    """Container env entries that point a pod's in-cluster client configuration
+    (``KUBERNETES_SERVICE_HOST``/``PORT`` with the service account's token and
+    ``ca.crt``, as lightkube's ``KubeConfig.from_service_account()`` reads them) at the
+    API server on the node's address.
+
+    The kubelet sets both variables to the ``kubernetes`` Service's ClusterIP, which
+    only a service proxy makes reachable; none runs here (docs/testing.md says why). A
+    container's own env entries win over the kubelet's service variables, so a chart's
+    ``extraEnv`` carrying these changes nothing else of its in-cluster configuration.
+    The serving certificate names NODE_IP and chains to ``kube-root-ca.crt``.
+    """
+    return [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(API_SERVER_PORT)},
+    ]
 
 
 def kubelet_config(cgroup_root: str) -> dict[str, Any]:

@@ -3,16 +3,20 @@
 The chart installed as the README's Quick Start does (``install``), consumer pods that
 report what they see (``Consumer``: their ``/dev`` entries with major:minor and their
 environment), the plugin's JSON records (``plugin_records``, or ``records`` of any log
-text, e.g. ``Cluster.container_log_files`` while the kubelet is down).
+text, e.g. ``Cluster.container_log_files`` while the kubelet is down), and pods that talk to
+the API server in-cluster style with a service account RBAC allows what ``grant`` lists
+(``in_cluster_pod``, ``finished_pod``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import artifacts
-from .cluster import Cluster, wait_for
+from .cluster import IMAGE_PYTHON, Cluster, wait_for
+from .configs import in_cluster_api_env
 from .layouts import EXPECTED
 
 NAMESPACE = "kube-system"
@@ -134,3 +138,93 @@ class Consumer:
 
     def delete(self) -> None:
         self.cluster.delete_pod(self.name)
+
+
+def grant(
+    cluster: Cluster,
+    service_account: str,
+    rules: Sequence[Mapping[str, Any]],
+    namespace: str = "default",
+) -> None:
+    """A ServiceAccount allowed ``rules`` (a ClusterRole of that name, bound to it): the
+    API server enforces RBAC, so a pod's token may do what this lists and nothing else.
+    No rules: the account exists and is bound to nothing."""
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": service_account, "namespace": namespace},
+        }
+    )
+    if not rules:
+        return
+    name = f"{namespace}-{service_account}"
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [dict(rule) for rule in rules],
+        }
+    )
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        }
+    )
+
+
+def in_cluster_pod(
+    cluster: Cluster, name: str, service_account: str, script: str, namespace: str = "default"
+) -> dict[str, Any]:
+    """A pod of the plugin's image running ``python -c script`` once, with the service
+    account's token mounted (projected: token, ``ca.crt``, namespace) and
+    ``configs.in_cluster_api_env()``, so ``KubeConfig.from_service_account()`` works."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "serviceAccountName": service_account,
+            "automountServiceAccountToken": True,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": cluster.arts.plugin_image,
+                    "imagePullPolicy": "Never",
+                    "command": [IMAGE_PYTHON, "-c", script],
+                    "env": [
+                        *in_cluster_api_env(),
+                        {
+                            "name": "NODE_NAME",
+                            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                        },
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def finished_pod(cluster: Cluster, name: str, namespace: str = "default") -> Any:
+    """The pod once it ran to its end (Succeeded or Failed)."""
+
+    def ended() -> Any:
+        pod = cluster.pod(name, namespace)
+        return pod if pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    return wait_for(
+        f"pod {name} finished", ended, diagnose=lambda: cluster.describe(name, namespace)
+    )

@@ -26,7 +26,7 @@ class ClaimSource(Protocol):
 
 class ApiClaims:
     def __init__(self, client: Any) -> None:
-        self._client = client  # a lightkube AsyncClient
+        self.client = client  # a lightkube AsyncClient, shared with the slice publisher
 
     @classmethod
     def from_kubeconfig(cls, path: Path | None) -> ApiClaims:
@@ -43,7 +43,7 @@ class ApiClaims:
 
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
-                claim = await self._client.get(ResourceClaim, ref.name, namespace=ref.namespace)
+                claim = await self.client.get(ResourceClaim, ref.name, namespace=ref.namespace)
         except ApiError as exc:
             raise ClaimProblem(
                 f"reading ResourceClaim {ref} from the API server: {exc.status.code} "
@@ -62,4 +62,4 @@ class ApiClaims:
         return answer
 
     async def close(self) -> None:
-        await self._client.close()
+        await self.client.close()

@@ -95,6 +95,7 @@ class Preparer:
         self.pool = node_name  # one pool per node, named after it (as Rebellions' driver)
         self._plugin_dir = plugin_dir
         self._hostio = hostio
+        self._metrics = metrics
         self._groups = GroupMaker(config, hostio, metrics, rsd_queue or asyncio.Lock())
         self._wake = wake  # the scan loop's: set when the node's devices changed
         self._lock = asyncio.Lock()
@@ -112,6 +113,7 @@ class Preparer:
         data = await self._host(partial(files.read_regular, path), "read", path)
         if data is not None:
             self._checkpoint = cp.decode(data, str(path))
+        self._metrics.dra_prepared_claims(_completed_count(self._checkpoint))
         log.info(
             "DRA checkpoint loaded",
             path=str(path),
@@ -126,12 +128,15 @@ class Preparer:
             devices = await self._prepare(ref)
         except (ClaimProblem, AllocationError, rsd.RsdError, OSError) as exc:
             message = f"{names.DRIVER_NAME}: claim {ref} ({ref.uid}): {exc}"
+            result = _result(exc)
             log.error(
                 "DRA claim preparation failed",
                 claim=str(ref), claimUID=ref.uid, err=str(exc), durationMs=_ms(started),
-                result=exc.result if isinstance(exc, AllocationError) else failure_class(exc),
+                result=result,
             )  # fmt: skip
+            self._metrics.dra_claim(m.DRA_PREPARE, result, time.monotonic() - started)
             return Outcome(error=message)
+        self._metrics.dra_claim(m.DRA_PREPARE, m.OK, time.monotonic() - started)
         log.info(
             "DRA claim prepared",
             claim=str(ref), claimUID=ref.uid, devices=[d.device for d in devices],
@@ -241,7 +246,9 @@ class Preparer:
             log.error(
                 "DRA claim unpreparation failed", claim=str(ref), claimUID=ref.uid, err=str(exc)
             )
+            self._metrics.dra_claim(m.DRA_UNPREPARE, m.DRA_FAILED, 0.0)
             return Outcome(error=message)
+        self._metrics.dra_claim(m.DRA_UNPREPARE, m.OK, 0.0)
         log.info("DRA claim unprepared", claim=str(ref), claimUID=ref.uid)
         return Outcome()
 
@@ -253,12 +260,26 @@ class Preparer:
         )
         await self._host(write, "write", self._plugin_dir / names.CHECKPOINT_FILE)
         self._checkpoint = checkpoint
+        self._metrics.dra_prepared_claims(_completed_count(checkpoint))
 
     async def _host(self, run: Any, verb: str, path: Path) -> Any:
         result = await self._hostio.call(str(path), run)
         if isinstance(result, Stalled):
             raise OSError(f"cannot {verb} {path}: {result}")
         return result
+
+
+def _result(exc: Exception) -> str:
+    """The metrics' result class of a failed prepare."""
+    if isinstance(exc, AllocationError):
+        return exc.result
+    if isinstance(exc, ClaimProblem):
+        return m.DRA_CLAIM_PROBLEM
+    return failure_class(exc)
+
+
+def _completed_count(checkpoint: cp.Checkpoint) -> int:
+    return sum(1 for entry in checkpoint.claims.values() if entry.state == cp.COMPLETED)
 
 
 def _ms(started: float) -> float:

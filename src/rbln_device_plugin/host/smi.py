@@ -179,6 +179,9 @@ def parse_record(entry: Any) -> SmiRecord:
         sid=_text(entry.get("sid"), "sid", required=False),
         npu=_npu(entry.get("npu")),
         group_id=None if group is None else _text(group, "group_id", required=True),
+        # Only published (DRA), never used for a decision: any odd value is "not known"
+        # rather than a reason to skip a device that worked without it.
+        uuid=uuid if isinstance(uuid := entry.get("uuid"), str) else "",
     )
 
 

@@ -116,6 +116,12 @@ class KubeletSession:
         self.registered = asyncio.Event()
 
     # ----------------------------------------------------------------- the scan loop's
+    async def begin(self) -> None:
+        """Before the first scan: the kubelet.sock found now is no restart, and the
+        transient CDI specs a previous instance left are removed."""
+        await self.watch.prime()
+        await self.clean_cdi()
+
     async def restart_due(self, *, look: bool = True) -> bool:
         """Whether a kubelet restart waits to be acted on (kubelet.sock looked at first).
 

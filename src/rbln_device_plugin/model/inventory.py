@@ -42,6 +42,8 @@ class Device:
     parent_bus_id: str | None  # VFs: the hosting PF's BDF; PFs: None
     # Resolved PCI hierarchy: ("pci0000:00", "0000:00:01.0", ..., bus_id); None = unreadable.
     pci_path: tuple[str, ...] | None
+    # rbln-smi's "uuid" as printed; "" = not reported (published only when known).
+    uuid: str = ""
 
     @property
     def is_vf(self) -> bool:
@@ -60,6 +62,7 @@ class SmiRecord:
     sid: str = ""
     npu: int | None = None
     group_id: str | None = None  # only with -g
+    uuid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +359,7 @@ def classify(records: Sequence[SmiRecord], facts: Mapping[str, DeviceFacts]) -> 
                 sid=record.sid,
                 parent_bus_id=device_facts.sriov.parent_bus_id,
                 pci_path=device_facts.pci_path,
+                uuid=record.uuid,
             )
         )
     return Inventory({name: tuple(devices) for name, devices in grouped.items()}, tuple(problems))

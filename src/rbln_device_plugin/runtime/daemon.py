@@ -37,12 +37,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
 from rbln_device_plugin import aiotasks, options
-from rbln_device_plugin.config import Config
-from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.config import MODE_DRA, Config
+from rbln_device_plugin.core.devices import NodeDevices
+from rbln_device_plugin.dra.names import DRIVER_NAME
+from rbln_device_plugin.host.hostio import HostIO, Stalled
 from rbln_device_plugin.host.kubeletdir import KubeletDirectory
+from rbln_device_plugin.host.paths import ensure_dir
 from rbln_device_plugin.kubelet.events import HandoverNews
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.session import KubeletSession
@@ -50,12 +54,15 @@ from rbln_device_plugin.runtime import signals as shutdown_signals
 from rbln_device_plugin.runtime.handover import Handover, HandoverHooks, new_token
 from rbln_device_plugin.runtime.healthcheck import HealthcheckError, HealthService
 from rbln_device_plugin.runtime.instancelock import ANCHOR_NAME, InstanceLock, InstanceLockError
-from rbln_device_plugin.runtime.manager import Manager, ScanHooks
+from rbln_device_plugin.runtime.manager import FrontEnd, FrontEndFactory, Manager, ScanHooks
 from rbln_device_plugin.runtime.signals import ShutdownSignals
 from rbln_device_plugin.runtime.watchdog import ScanWatchdog
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry import metrics_setup, tracing
 from rbln_device_plugin.telemetry.logs import get_logger
+
+if TYPE_CHECKING:
+    from rbln_device_plugin.dra.session import DraParts
 
 SHUTDOWN_BUDGET_S: Final = 4.0
 
@@ -111,18 +118,41 @@ async def serve(
         log.info("Healthcheck service disabled", healthcheckPort=config.healthcheck_port)
 
     recorder = await metrics_setup.start(config)  # before any wait: a waiting instance shows
+    dra_parts: DraParts | None = None
+    if config.mode == MODE_DRA:
+        from rbln_device_plugin.dra.session import ApiSetupError, api_parts
+
+        try:
+            dra_parts = api_parts(config, recorder)
+        except ApiSetupError as exc:
+            log.error("Cannot configure the API server client", err=exc)
+            await recorder.shutdown()
+            if health is not None:
+                await health.stop(grace=0.2)
+            return options.EXIT_FAILURE
     # The daemon's one runner of blocking host calls: the lock files, then the scans.
     hostio = HostIO(metrics=recorder)
-    instance = InstanceLock(config.kubelet_dir, hostio, config.rsd_lock_path.parent / ANCHOR_NAME)
+    dra = dra_parts is not None
+    # The anchor beside the RSD lock is shared by both modes: one node runs one of them.
+    anchor = config.rsd_lock_path.parent / ANCHOR_NAME
+    instance = InstanceLock(_lock_dir(config), hostio, anchor)
     over: Handover | None = None
-    if config.installation:  # only an installation hands over (see runtime.handover)
+    if config.installation and not dra:  # only an installation hands over (runtime.handover)
         over = Handover(config, new_token(), hostio, instance)
+    elif config.installation:
+        log.info(
+            "Surge hand-over is a device-plugin mode feature; in dra mode a new instance "
+            "waits for the running one",
+            installation=config.installation,
+        )
     try:
         try:
             # The lock and the sockets live in the kubelet's directory, which only the
             # kubelet creates: on a machine that is not (yet) a node, wait for it.
             recorder.instance_state(m.STATE_WAITING_FOR_KUBELET_DIR)
-            waited = await KubeletDirectory(config.kubelet_dir, hostio).wait(stop)
+            waited = await KubeletDirectory(_kubelet_made_dir(config), hostio).wait(stop)
+            if waited and dra:
+                await _make_lock_dir(config, hostio)
             recorder.instance_state(m.STATE_WAITING_FOR_LOCK)
             unusable = partial(_lock_dir_unusable, recorder, health)
             take_over = over.take_over if over is not None else None
@@ -136,16 +166,44 @@ async def serve(
         if over is not None and not instance.taken_over:
             over.close()  # a hand-over whose descriptors could not be used: locked anew
         recorder.instance_state(m.STATE_TAKING_OVER if instance.taken_over else m.STATE_SERVING)
-        held = _Locked(config, stop, signal_name, health, instance, recorder, hostio, over)
+        held = _Locked(
+            config, stop, signal_name, health, instance, recorder, hostio, over, dra_parts
+        )
         return await _serve_locked(held)
     finally:
         if over is not None:
             over.close()
+        if dra_parts is not None:
+            from rbln_device_plugin.dra.session import close_parts
+
+            await close_parts(dra_parts)
         await recorder.shutdown()  # at once when _serve_locked has stopped it already
         instance.release()
         hostio.close()
         if health is not None:
             await health.stop(grace=0.2)
+
+
+def _lock_dir(config: Config) -> Path:
+    """Where the instance lock's own files live: the kubelet's device-plugin directory,
+    or in dra mode the driver's directory under the kubelet's plugins."""
+    if config.mode == MODE_DRA:
+        return config.kubelet_plugins_path / DRIVER_NAME
+    return config.kubelet_dir
+
+
+def _kubelet_made_dir(config: Config) -> Path:
+    """The directory only the kubelet creates, waited for before anything else."""
+    if config.mode == MODE_DRA:
+        return config.kubelet_plugins_registry_path
+    return config.kubelet_dir
+
+
+async def _make_lock_dir(config: Config, hostio: HostIO) -> None:
+    path = _lock_dir(config)
+    made = await hostio.call(str(path), partial(ensure_dir, path))
+    if isinstance(made, Stalled):
+        raise InstanceLockError(f"cannot create {path}: {made}")
 
 
 async def _lock_dir_unusable(recorder: m.Metrics, health: HealthService | None, now: bool) -> None:
@@ -173,6 +231,7 @@ class _Locked:
     recorder: m.Metrics
     hostio: HostIO
     handover: Handover | None = None
+    dra: DraParts | None = None  # dra mode: the API server's claim reads and slice writes
 
 
 async def _serve_locked(held: _Locked) -> int:
@@ -183,12 +242,16 @@ async def _serve_locked(held: _Locked) -> int:
         held.config, traces.tracer, held.hostio, held.recorder,
         instance_token=over.socket_token if over is not None else "",
     )  # fmt: skip
-    manager = Manager(services, _scan_hooks(held, watchdog))
+    manager = Manager(
+        services, _scan_hooks(held, watchdog), front_end=_front_end(services, held.dra)
+    )
     stop, instance = held.stop, held.instance
-    instance.follow(manager.session.watch.state)  # the legacy lock file's directory
+    if isinstance(manager.session, KubeletSession):
+        instance.follow(manager.session.watch.state)  # the legacy lock file's directory
     manager_task = aiotasks.start(manager.run(stop), "manager")
     side_tasks = [aiotasks.start(_registered(held, manager.session), "registered")]
     if over is not None:
+        assert isinstance(manager.session, KubeletSession)  # no hand-over in dra mode
         hooks = _handover_hooks(held.recorder, manager.session)
         side_tasks.append(aiotasks.start(over.run(stop, hooks), "handover"))
     lock_watch = aiotasks.start(instance.watch(stop), "instance-lock-watch")
@@ -226,7 +289,22 @@ async def _serve_locked(held: _Locked) -> int:
     return exit_code
 
 
-async def _registered(held: _Locked, session: KubeletSession) -> None:
+def _front_end(services: SharedServices, parts: DraParts | None) -> FrontEndFactory | None:
+    """The DRA kubelet plugin in dra mode; None: the device plugin's session."""
+    if parts is None:
+        return None
+    from rbln_device_plugin.dra.session import DraSession
+
+    def make(devices: NodeDevices, wake: asyncio.Event) -> FrontEnd:
+        return DraSession(
+            services.config, services.hostio, services.metrics, services.rsd_queue,
+            devices, wake, parts,
+        )  # fmt: skip
+
+    return make
+
+
+async def _registered(held: _Locked, session: FrontEnd) -> None:
     """The ``registered`` health service (the chart's readiness in surge mode) turns
     SERVING once every resource is registered; a predecessor hears ``serving`` then."""
     await session.registered.wait()

@@ -16,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.core.devices import DeviceSource, Discovery, NodeDevices
 from rbln_device_plugin.host.scan import Scanner
-from rbln_device_plugin.kubelet.plugin import ResourcePlugin
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.session import KubeletSession
+from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import unless_stopped, wait_set
@@ -39,6 +40,28 @@ async def _nothing() -> None:
 async def _relay(stop: asyncio.Event, wake: asyncio.Event) -> None:
     await stop.wait()
     wake.set()
+
+
+class FrontEnd(Protocol):
+    """What serves the scans' devices to the kubelet: the device plugin's session
+    (``kubelet.session``) or the DRA kubelet plugin's (``dra.session``)."""
+
+    registered: asyncio.Event
+
+    async def begin(self) -> None: ...
+    async def run(self, stop: asyncio.Event) -> None: ...
+    async def restart_due(self, *, look: bool = True) -> bool: ...
+    async def restart(self) -> None: ...
+    async def reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None: ...
+    async def stop_plugins(self) -> None: ...
+    @property
+    def plugins(self) -> Mapping[str, Any]: ...
+    @property
+    def open_streams(self) -> int: ...
+
+
+# Makes the front end from the node's devices and the scan loop's wake event.
+FrontEndFactory = Callable[[NodeDevices, asyncio.Event], FrontEnd]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +81,7 @@ class Manager:
         services: SharedServices,
         hooks: ScanHooks = ScanHooks(),
         scanner: DeviceSource | None = None,
+        front_end: FrontEndFactory | None = None,
     ) -> None:
         config = services.config
         self._config = config
@@ -72,7 +96,11 @@ class Manager:
         self.devices = NodeDevices(config, source, services.hostio, services.metrics)
         # Set to scan now and keep the schedule (by the session: see the module docstring).
         self._wake = asyncio.Event()
-        self.session = KubeletSession(services, self.devices, self._wake)
+        self.session: FrontEnd = (
+            front_end(self.devices, self._wake)
+            if front_end is not None
+            else KubeletSession(services, self.devices, self._wake)
+        )
         self.cdi_check = CdiSpecCheck(config, services.hostio, services.metrics)
         self._cdi_check_failed = False
         self.scans = 0
@@ -82,12 +110,11 @@ class Manager:
         self._offered: dict[str, frozenset[str]] | None = None
 
     @property
-    def plugins(self) -> Mapping[str, ResourcePlugin]:
+    def plugins(self) -> Mapping[str, Any]:
         return self.session.plugins
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.session.watch.prime()  # the kubelet.sock found at start: no restart
-        await self.session.clean_cdi()
+        await self.session.begin()
         await self._check_cdi_spec()  # once before the first scan: its record comes first
         session = aiotasks.start(self.session.run(stop), "kubelet-session")
         cdi_watch = aiotasks.start(self.cdi_check.watch(stop), "cdi-spec-watch")

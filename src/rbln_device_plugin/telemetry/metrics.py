@@ -71,6 +71,19 @@ INSTANCE_STATES: Final = (
 )  # fmt: skip
 
 
+# The DRA front end (dra mode): claims prepared and unprepared, and ResourceSlice writes.
+DRA_PREPARE: Final = "prepare"
+DRA_UNPREPARE: Final = "unprepare"
+DRA_OPERATIONS: Final = (DRA_PREPARE, DRA_UNPREPARE)
+DRA_CLAIM_PROBLEM: Final = "claim"  # unallocated, replaced, unreadable, another pool
+DRA_FAILED: Final = "failed"  # an unprepare whose file work failed
+DRA_PREPARE_RESULTS: Final = (*ALLOCATE_RESULTS, DRA_CLAIM_PROBLEM)
+DRA_UNPREPARE_RESULTS: Final = (OK, DRA_FAILED)
+SLICE_VERBS: Final = ("create", "update", "delete")
+SLICE_RESULTS: Final = (OK, DRA_FAILED)
+MODES: Final = ("device-plugin", "dra")
+
+
 class Metrics:
     """The recorder with metrics off: every method is a no-op.
 
@@ -131,6 +144,15 @@ class Metrics:
 
     def instance_state(self, state: str) -> None:
         """What the instance does now: one of INSTANCE_STATES."""
+
+    def dra_claim(self, operation: str, result: str, seconds: float) -> None:
+        """One claim of a NodePrepareResources or NodeUnprepareResources call answered."""
+
+    def dra_prepared_claims(self, count: int) -> None:
+        """Claims the checkpoint holds as prepared now."""
+
+    def dra_slice_write(self, verb: str, result: str) -> None:
+        """One ResourceSlice create, update or delete sent to the API server."""
 
     async def shutdown(self) -> None:
         """Stop the endpoint and flush the last push, bounded; never blocks the loop."""

@@ -45,8 +45,15 @@ log = logs.get_logger()
 class OtelMetrics(Metrics):
     enabled = True
 
-    def __init__(self, provider: MeterProvider, pull: InMemoryMetricReader | None) -> None:
+    def __init__(
+        self,
+        provider: MeterProvider,
+        pull: InMemoryMetricReader | None,
+        mode: str = m.MODES[0],
+    ) -> None:
         self._provider = provider
+        self._mode = mode
+        self._prepared_claims = 0
         self._pull = pull
         self._render_lock = threading.Lock()
         self._tables: dict[str, Mapping[str, Entry]] = {}
@@ -123,6 +130,21 @@ class OtelMetrics(Metrics):
             "{read}",
             "Host reads that outlived their wait (a stuck sysfs or /dev file)",
         )
+        self._dra_claims = counter(
+            "dra.claims", "{claim}",
+            "DRA claims answered, by operation (prepare, unprepare) and result",
+        )  # fmt: skip
+        self._dra_prepare_seconds = histogram(
+            "dra.prepare.duration", "Time to prepare one DRA claim"
+        )
+        self._slice_writes = counter(
+            "dra.resourceslice.writes", "{request}",
+            "ResourceSlice creates, updates and deletes sent to the API server, by result",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.mode", [self._observe_mode], "",
+            "1 for the kubelet API this instance serves (device-plugin or dra), 0 for the "
+            "other")  # fmt: skip
         meter.create_observable_counter(
             f"{PREFIX}.log.records_dropped", [self._observe_dropped], "{record}",
             "Log records dropped because stdout was blocked")  # fmt: skip
@@ -161,6 +183,20 @@ class OtelMetrics(Metrics):
             *(zero("scan.duration", result=result) for result in m.SCAN_RESULTS),
         )
         self._resource_zeros: dict[str, tuple[ZeroHistogram, ...]] = {}
+        if mode == "dra":
+            meter.create_observable_gauge(
+                f"{PREFIX}.dra.prepared_claims", [self._observe_prepared], "{claim}",
+                "DRA claims prepared on this node (the checkpoint's)")  # fmt: skip
+            for operation, results in (
+                (m.DRA_PREPARE, m.DRA_PREPARE_RESULTS),
+                (m.DRA_UNPREPARE, m.DRA_UNPREPARE_RESULTS),
+            ):
+                for result in results:
+                    self._dra_claims.add(0, {"operation": operation, "result": result})
+            for verb in m.SLICE_VERBS:
+                for result in m.SLICE_RESULTS:
+                    self._slice_writes.add(0, {"verb": verb, "result": result})
+            self._node_zeros = (*self._node_zeros, zero("dra.prepare.duration", result=OK))
 
     # ------------------------------------------------------------- events (event loop)
     def allocation(self, resource: str, result: str, seconds: float) -> None:
@@ -248,6 +284,17 @@ class OtelMetrics(Metrics):
     def instance_state(self, state: str) -> None:
         self._state = state
 
+    def dra_claim(self, operation: str, result: str, seconds: float) -> None:
+        self._dra_claims.add(1, {"operation": operation, "result": result})
+        if operation == m.DRA_PREPARE:
+            self._dra_prepare_seconds.record(seconds, {"result": result})
+
+    def dra_prepared_claims(self, count: int) -> None:
+        self._prepared_claims = count
+
+    def dra_slice_write(self, verb: str, result: str) -> None:
+        self._slice_writes.add(1, {"verb": verb, "result": result})
+
     # ------------------------------------------------------------- collection (any thread)
     def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:
         return list(self._tables.items())  # the loop replaces the dict, never edits it
@@ -280,6 +327,13 @@ class OtelMetrics(Metrics):
 
     def _observe_build(self, _: CallbackOptions) -> Iterable[Observation]:
         yield Observation(1, {"version": __version__})
+
+    def _observe_mode(self, _: CallbackOptions) -> Iterable[Observation]:
+        for mode in m.MODES:
+            yield Observation(int(mode == self._mode), {"mode": mode})
+
+    def _observe_prepared(self, _: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(self._prepared_claims)
 
     def _observe_state(self, _: CallbackOptions) -> Iterable[Observation]:
         now = self._state
@@ -364,7 +418,7 @@ async def start(config: Config) -> Metrics:
         # No exemplars: no spans to link them to, and the filter costs on every measurement.
         exemplar_filter=AlwaysOffExemplarFilter(),
     )
-    recorder = OtelMetrics(provider, pull)
+    recorder = OtelMetrics(provider, pull, config.mode)
     if pull is not None:
         endpoint = MetricsEndpoint(config.metrics_port, recorder.render)
         try:

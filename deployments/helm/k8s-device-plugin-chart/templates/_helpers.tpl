@@ -53,6 +53,30 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+What the DaemonSet serves: "device-plugin" (the default) or "dra". The schema allows only
+these two words.
+*/}}
+{{- define "rbln-device-plugin.mode" -}}
+{{- .Values.mode | default "device-plugin" }}
+{{- end }}
+
+{{/*
+The driver's name in ResourceSlices and DeviceClasses: Rebellions' DRA driver's, so claims
+written for that driver work with this one.
+*/}}
+{{- define "rbln-device-plugin.draDriver" -}}
+npu.rebellions.ai
+{{- end }}
+
+{{/*
+The ClusterRole and ClusterRoleBinding of dra mode. Cluster-scoped, so the name carries the
+namespace as well: two installations in different namespaces do not take each other's.
+*/}}
+{{- define "rbln-device-plugin.clusterRoleName" -}}
+{{- printf "%s:%s" (include "rbln-device-plugin.namespace" .) (include "rbln-device-plugin.fullname" .) }}
+{{- end }}
+
 {{- define "rbln-device-plugin.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
 {{- end }}
@@ -79,6 +103,37 @@ to change. Also the limits that involve arithmetic or more than one value.
 */}}
 {{- define "rbln-device-plugin.validate" -}}
 {{- $plugin := .Values.devicePlugin }}
+{{- $dra := eq (include "rbln-device-plugin.mode" .) "dra" }}
+{{- if $dra }}
+{{- if semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version }}
+{{- fail (printf "mode dra needs Kubernetes 1.34 or later (resource.k8s.io/v1 DeviceClasses and ResourceSlices); this cluster is %s: use mode device-plugin" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- if eq ($plugin.surgeHandover | default false) true }}
+{{- fail "devicePlugin.surgeHandover is a hand-over between two device-plugin registrations; mode dra registers one DRA plugin under fixed socket names: leave surgeHandover false" }}
+{{- end }}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
+{{- fail "mode dra binds its ClusterRole to the plugin's ServiceAccount: with serviceAccount.create=false, give serviceAccount.name (the namespace's \"default\" account is not bound)" }}
+{{- end }}
+{{- $draDirs := dict "kubeletPluginsRegistryPath" (dig "kubeletPluginsRegistryPath" "/var/lib/kubelet/plugins_registry" $plugin) "kubeletPluginsPath" (dig "kubeletPluginsPath" "/var/lib/kubelet/plugins" $plugin) }}
+{{- $draExamples := dict "kubeletPluginsRegistryPath" "/var/lib/kubelet/plugins_registry" "kubeletPluginsPath" "/var/lib/kubelet/plugins" }}
+{{- /* The longest names the plugin puts there: "/npu.rebellions.ai-reg.sock" and
+"/npu.rebellions.ai/dra.sock", 27 bytes each, within a unix socket path's 107. */}}
+{{- range $key := list "kubeletPluginsRegistryPath" "kubeletPluginsPath" }}
+{{- $path := toString (get $draDirs $key) }}
+{{- if not (hasPrefix "/" $path) }}
+{{- fail (printf "devicePlugin.%s: %q is not an absolute path; give the host directory, such as %s" $key $path (get $draExamples $key)) }}
+{{- end }}
+{{- if regexMatch "(^|/)\\.\\.(/|$)" $path }}
+{{- fail (printf "devicePlugin.%s: %q contains '..'; give the directory itself" $key $path) }}
+{{- end }}
+{{- if contains "\x00" $path }}
+{{- fail (printf "devicePlugin.%s: the path contains a NUL character" $key) }}
+{{- end }}
+{{- if gt (len $path) 80 }}
+{{- fail (printf "devicePlugin.%s: %d characters is too long; at most 80 leave room for the plugin's socket names within the 107-byte unix socket limit" $key (len $path)) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if eq ($plugin.surgeHandover | default false) true }}
 {{- $strategy := $plugin.updateStrategy | default dict }}
 {{- if or (hasKey $strategy "rollingUpdate") (eq (toString ($strategy.type | default "RollingUpdate")) "OnDelete") }}
@@ -183,7 +238,14 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- fail (printf "devicePlugin.metrics.serviceMonitor.scrapeTimeout: %s is longer than the interval %s" $metrics.serviceMonitor.scrapeTimeout $metrics.serviceMonitor.interval) }}
 {{- end }}
 {{- $taken := dict "/dev" "the /dev mount" "/run/rbln" "the /run/rbln mount" "/host/usr/bin" "the host /usr/bin mount" }}
-{{- range $key := list "kubeletDevicePluginPath" "cdiRoot" "cdiStaticDir" }}
+{{- $mounted := list "kubeletDevicePluginPath" "cdiRoot" "cdiStaticDir" }}
+{{- if $dra }}
+{{- /* dra mode mounts the kubelet's plugin directories instead of the device-plugin one. */}}
+{{- $mounted = list "kubeletPluginsRegistryPath" "kubeletPluginsPath" "cdiRoot" "cdiStaticDir" }}
+{{- $_ := set $hostDirs "kubeletPluginsRegistryPath" (dig "kubeletPluginsRegistryPath" "/var/lib/kubelet/plugins_registry" $plugin) }}
+{{- $_ := set $hostDirs "kubeletPluginsPath" (dig "kubeletPluginsPath" "/var/lib/kubelet/plugins" $plugin) }}
+{{- end }}
+{{- range $key := $mounted }}
 {{- $path := clean (get $hostDirs $key) }}
 {{- if and (eq $key "cdiStaticDir") (eq $path (clean $plugin.cdiRoot)) }}
 {{- continue }}{{/* one directory: the cdi-root mount serves both */}}
@@ -194,6 +256,10 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- $_ := set $taken $path (printf "devicePlugin.%s" $key) }}
 {{- end }}
 {{- $volumes := dict "device-plugin" "the chart" "cdi-root" "the chart" "dev" "the chart" "run-rbln" "the chart" "host-usr-bin" "the chart" }}
+{{- if $dra }}
+{{- $_ := set $volumes "plugins-registry" "the chart" }}
+{{- $_ := set $volumes "plugins" "the chart" }}
+{{- end }}
 {{- range ($plugin.extraVolumes | default list) }}
 {{- if hasKey $volumes .name }}
 {{- fail (printf "devicePlugin.extraVolumes: the volume name %s is already used by %s; pick another name" .name (get $volumes .name)) }}

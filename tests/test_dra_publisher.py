@@ -1,0 +1,426 @@
+"""The ResourceSlice publisher against a real 1.37.2 API server (tests/kubeapi.py): the
+server ends up holding exactly the wanted slices, an unchanged scan sends no request at
+all (counted on the wire, by a transport under lightkube's client), changes and
+restarts move the pool's generation forward, and a server that is away or says no is
+logged once and caught up with later, never raised to the scan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from lightkube import AsyncClient, KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceSlice
+from structlog.testing import capture_logs
+
+from rbln_device_plugin.dra import publisher as pub
+from rbln_device_plugin.dra import slices
+from rbln_device_plugin.dra.publisher import SlicePublisher
+from rbln_device_plugin.model.devicetable import Entry
+from rbln_device_plugin.model.health import Health, Verdict
+from rbln_device_plugin.model.inventory import Device
+
+from . import kubeapi
+from .dra_scan import scanned
+
+pytestmark = [
+    pytest.mark.apiserver,
+    pytest.mark.skipif(kubeapi.missing() is not None, reason=str(kubeapi.missing())),
+]
+
+DRIVER = "npu.rebellions.ai"
+NPU = "rebellions.ai/npu"
+READY = Verdict(Health.HEALTHY, "READY")
+# The verbs the chart's RBAC grants (resourceslices get/list/watch/create/update/delete,
+# nodes get), as HTTP methods on each path.
+ALLOWED = {
+    ("GET", "nodes"),
+    ("GET", "resourceslices"),
+    ("POST", "resourceslices"),
+    ("PUT", "resourceslices"),
+    ("DELETE", "resourceslices"),
+}
+
+
+class Wire(httpx2.AsyncBaseTransport):
+    """lightkube's transport, counting every request; ``down`` sends them to a port where
+    nothing listens (a real refused connection), as when the API server is away."""
+
+    def __init__(self) -> None:
+        self._inner = httpx2.AsyncHTTPTransport(verify=False)
+        self.requests: list[tuple[str, str]] = []
+        self.down = False
+        self.hang = False  # accept the request and never answer
+        self.answer: Callable[[httpx2.Request], httpx2.Response] | None = None
+        self._dead_port = kubeapi.free_port()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        parts = request.url.path.rstrip("/").split("/")
+        # .../resourceslices[/name] or /api/v1/nodes/name: the resource's plural
+        plural = parts[-1] if parts[-1] in ("resourceslices", "nodes") else parts[-2]
+        self.requests.append((request.method, plural))
+        if self.answer is not None:
+            return self.answer(request)
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.down:
+            request.url = request.url.copy_with(port=self._dead_port)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubeapi.ApiServer]:
+    with kubeapi.running_apiserver(tmp_path_factory.mktemp("apiserver")) as running:
+        yield running
+
+
+@dataclass
+class Api:
+    """The test's own view of the server (an admin client, not counted)."""
+
+    client: AsyncClient
+    server: kubeapi.ApiServer
+
+    async def node(self, name: str) -> str:
+        made = await self.client.create(Node(metadata=ObjectMeta(name=name)))
+        assert made.metadata is not None and made.metadata.uid is not None
+        return made.metadata.uid
+
+    async def slices(self, node: str) -> list[Any]:
+        fields = {"spec.nodeName": node, "spec.driver": DRIVER}
+        found = [s async for s in self.client.list(ResourceSlice, fields=fields)]
+        return sorted(found, key=lambda s: s.metadata.name)
+
+    async def devices(self, node: str) -> dict[str, dict[str, Any]]:
+        return {d.name: d.attributes for s in await self.slices(node) for d in s.spec.devices or []}
+
+    async def generations(self, node: str) -> set[tuple[int, int]]:
+        return {
+            (s.spec.pool.generation, s.spec.pool.resourceSliceCount)
+            for s in await self.slices(node)
+        }
+
+    def publisher(self, node: str) -> tuple[SlicePublisher, Wire]:
+        wire = Wire()
+        client = AsyncClient(KubeConfig.from_file(Path(self.server.kubeconfig)), transport=wire)
+        return SlicePublisher(client, node), wire
+
+
+@pytest.fixture
+async def api(server: kubeapi.ApiServer) -> AsyncIterator[Api]:
+    client = AsyncClient(KubeConfig.from_file(Path(server.kubeconfig)))
+    try:
+        yield Api(client, server)
+    finally:
+        await client.close()
+
+
+def used(wire: Wire) -> set[tuple[str, str]]:
+    return set(wire.requests)
+
+
+def many(count: int) -> dict[str, dict[str, Entry]]:
+    return {
+        NPU: {
+            f"rbln{i}": Entry(
+                Device(
+                    f"rbln{i}",
+                    "RBLN-CA25",
+                    "1250",
+                    f"0000:{i // 32:02x}:{i % 32:02x}.0",
+                    i % 2,
+                    "0000000022502229",
+                    None,
+                    None,
+                ),
+                READY,
+            )
+            for i in range(count)
+        }
+    }
+
+
+async def test_the_first_publish_creates_and_an_unchanged_scan_sends_nothing(api: Api) -> None:
+    uid = await api.node("node-first")
+    publisher, wire = api.publisher("node-first")
+    async with scanned("atom-max-8") as node:
+        entries = node.entries()
+        with capture_logs() as logs:
+            await publisher.publish(entries)
+        [made] = await api.slices("node-first")
+        assert made.metadata.name == "node-first-npu.rebellions.ai-0"
+        assert [(o.kind, o.name, o.uid) for o in made.metadata.ownerReferences] == [
+            ("Node", "node-first", uid)
+        ]
+        assert made.spec.pool.name == "node-first" and made.spec.nodeName == "node-first"
+        assert (made.spec.pool.generation, made.spec.pool.resourceSliceCount) == (1, 1)
+        assert sorted(d.name for d in made.spec.devices) == sorted(entries[NPU])
+        assert publisher.writes == {"create": 1, "update": 0, "delete": 0}
+        [record] = [r for r in logs if r["event"] == pub.PUBLISHED_MSG]
+        assert (record["generation"], record["created"], record["deviceCount"]) == (1, 1, 32)
+        assert used(wire) <= ALLOWED
+
+        wire.requests.clear()
+        await publisher.publish(entries)
+        await publisher.publish(await node.scan())  # a real scan that finds nothing new
+        assert wire.requests == []
+        assert await api.generations("node-first") == {(1, 1)}
+    await publisher.close()
+
+
+async def test_a_fault_and_a_vanished_device_are_republished_at_the_next_generation(
+    api: Api,
+) -> None:
+    await api.node("node-fault")
+    publisher, wire = api.publisher("node-fault")
+    async with scanned("atom-max-8") as node:
+        await publisher.publish(node.entries())
+        wire.requests.clear()
+        node.sim.set_status("rbln6", 4)
+        await publisher.publish(await node.scan())
+        assert wire.requests == [("PUT", "resourceslices")]
+        found = await api.devices("node-fault")
+        assert found["rbln6"]["healthy"] == {"bool": False}
+        assert found["rbln6"]["status"] == {"string": "FAULT"}
+        assert found["rbln5"]["healthy"] == {"bool": True}
+        assert await api.generations("node-fault") == {(2, 1)}
+
+        node.sim.remove_device("rbln7")
+        await publisher.publish(await node.scan())
+        found = await api.devices("node-fault")
+        assert "rbln7" not in found and len(found) == 31
+        assert await api.generations("node-fault") == {(3, 1)}
+        assert publisher.generation == 3
+        assert used(wire) <= ALLOWED
+    await publisher.close()
+
+
+async def test_129_devices_make_two_slices_and_shrinking_deletes_the_extra_one(api: Api) -> None:
+    await api.node("node-big")
+    publisher, wire = api.publisher("node-big")
+    await publisher.publish(many(129))
+    listed = await api.slices("node-big")
+    assert [(s.metadata.name, len(s.spec.devices)) for s in listed] == [
+        ("node-big-npu.rebellions.ai-0", 128),
+        ("node-big-npu.rebellions.ai-1", 1),
+    ]
+    assert await api.generations("node-big") == {(1, 2)}
+    await publisher.publish(many(5))
+    listed = await api.slices("node-big")
+    assert [(s.metadata.name, len(s.spec.devices)) for s in listed] == [
+        ("node-big-npu.rebellions.ai-0", 5)
+    ]
+    assert await api.generations("node-big") == {(2, 1)}
+    assert publisher.writes == {"create": 2, "update": 1, "delete": 1}
+    assert used(wire) <= ALLOWED
+    await publisher.close()
+
+
+async def test_a_restart_never_goes_back_and_removes_what_it_does_not_want(api: Api) -> None:
+    await api.node("node-restart")
+    first, _ = api.publisher("node-restart")
+    for count in (129, 130, 131):
+        await first.publish(many(count))
+    await first.close()
+    assert await api.generations("node-restart") == {(3, 2)}
+
+    # A new life, same devices: the server already says it all; nothing is written.
+    same, wire = api.publisher("node-restart")
+    with capture_logs() as logs:
+        await same.publish(many(131))
+    assert sorted(wire.requests) == [("GET", "nodes"), ("GET", "resourceslices")]
+    assert same.generation == 3 and same.writes == {"create": 0, "update": 0, "delete": 0}
+    assert [r["event"] for r in logs] == [pub.CURRENT_MSG]
+    wire.requests.clear()
+    await same.publish(many(131))
+    assert wire.requests == []
+    await same.close()
+
+    # Another new life with fewer devices: above the server's generation, and the slice
+    # the last life needed and this one does not is gone.
+    fewer, wire = api.publisher("node-restart")
+    await fewer.publish(many(3))
+    assert await api.generations("node-restart") == {(4, 1)}
+    assert sorted(await api.devices("node-restart")) == ["rbln0", "rbln1", "rbln2"]
+    assert used(wire) <= ALLOWED
+    await fewer.close()
+
+
+async def test_an_unreachable_api_server_is_logged_once_and_caught_up_with(api: Api) -> None:
+    await api.node("node-away")
+    publisher, wire = api.publisher("node-away")
+    wire.down = True
+    with capture_logs() as logs:
+        await publisher.publish(many(2))  # never raises into the scan loop
+        await publisher.publish(many(2))
+        await publisher.publish(many(3))
+    failed = [r for r in logs if r["event"] == pub.FAILED_MSG]
+    assert [r["log_level"] for r in failed] == ["error", "debug", "debug"]
+    assert "ConnectError" in failed[0]["err"] and failed[0]["node"] == "node-away"
+    assert publisher.failures == 3
+    assert await api.slices("node-away") == []
+
+    wire.down = False
+    with capture_logs() as logs:
+        await publisher.publish(many(3))
+    [record] = [r for r in logs if r["event"] == pub.PUBLISHED_MSG]
+    assert record["failedAttempts"] == 3
+    assert sorted(await api.devices("node-away")) == ["rbln0", "rbln1", "rbln2"]
+    # Away in the middle of a change: the next publish looks again and finishes it.
+    wire.down = True
+    await publisher.publish(many(4))
+    wire.down = False
+    wire.requests.clear()
+    await publisher.publish(many(4))
+    assert ("GET", "resourceslices") in wire.requests  # looked first
+    assert sorted(await api.devices("node-away")) == ["rbln0", "rbln1", "rbln2", "rbln3"]
+    assert await api.generations("node-away") == {(3, 1)}  # the cut-short 2 is not reused
+    await publisher.close()
+
+
+def forbidden(request: httpx2.Request) -> httpx2.Response:
+    """The API server's answer to a request RBAC does not allow."""
+    status = {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+        "code": 403,
+        "message": f'{request.url.path} is forbidden: User "system:serviceaccount:x:y" cannot '
+        f"{request.method.lower()} it",
+    }  # fmt: skip
+    return httpx2.Response(403, json=status)
+
+
+async def test_a_forbidden_write_names_the_servers_reason_and_is_retried(api: Api) -> None:
+    await api.node("node-forbidden")
+    publisher, wire = api.publisher("node-forbidden")
+    wire.answer = forbidden
+    with capture_logs() as logs:
+        await publisher.publish(many(1))
+        await publisher.publish(many(1))
+    [record] = [r for r in logs if r["event"] == pub.FAILED_MSG and r["log_level"] == "error"]
+    assert record["err"].startswith("403 Forbidden: "), record
+    assert "system:serviceaccount:x:y" in record["err"]
+    wire.answer = None
+    await publisher.publish(many(1))
+    assert sorted(await api.devices("node-forbidden")) == ["rbln0"]
+    await publisher.close()
+
+
+async def test_a_server_that_never_answers_costs_one_bounded_publish(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await api.node("node-hung")
+    publisher, wire = api.publisher("node-hung")
+    monkeypatch.setattr(pub, "PUBLISH_TIMEOUT_S", 0.5)
+    wire.hang = True
+    with capture_logs() as logs:
+        await publisher.publish(many(1))  # returns: the scan loop goes on
+    [record] = [r for r in logs if r["event"] == pub.FAILED_MSG]
+    assert record["err"] == "no answer within 0.5 s"
+    wire.hang = False
+    await publisher.publish(many(1))
+    assert sorted(await api.devices("node-hung")) == ["rbln0"]
+    await publisher.close()
+
+
+async def test_a_node_the_server_does_not_know_is_a_logged_failure_until_it_exists(
+    api: Api,
+) -> None:
+    publisher, _ = api.publisher("node-late")
+    with capture_logs() as logs:
+        await publisher.publish(many(1))
+    [record] = [r for r in logs if r["event"] == pub.FAILED_MSG]
+    assert record["err"].startswith("404 NotFound"), record
+    await api.node("node-late")
+    await publisher.publish(many(1))
+    assert sorted(await api.devices("node-late")) == ["rbln0"]
+    await publisher.close()
+
+
+async def test_a_slice_changed_by_another_writer_is_read_again_and_replaced(api: Api) -> None:
+    await api.node("node-conflict")
+    publisher, wire = api.publisher("node-conflict")
+    await publisher.publish(many(2))
+    # Someone else writes the slice: its resourceVersion moves on.
+    [theirs] = await api.slices("node-conflict")
+    theirs.metadata.labels = {"touched": "yes"}
+    await api.client.replace(theirs)
+    wire.requests.clear()
+    await publisher.publish(many(3))
+    assert wire.requests == [
+        ("PUT", "resourceslices"),  # 409 Conflict
+        ("GET", "resourceslices"),
+        ("PUT", "resourceslices"),
+    ]
+    assert sorted(await api.devices("node-conflict")) == ["rbln0", "rbln1", "rbln2"]
+    assert publisher.failures == 0
+    await publisher.close()
+
+
+async def test_slices_wiped_behind_its_back_are_written_again(api: Api) -> None:
+    await api.node("node-wiped")
+    publisher, wire = api.publisher("node-wiped")
+    await publisher.publish(many(2))
+    for found in await api.slices("node-wiped"):  # as the kubelet wipes at deregistration
+        await api.client.delete(ResourceSlice, found.metadata.name)
+    # A change finds the slice gone (404 on the update) and creates it.
+    await publisher.publish(many(3))
+    assert sorted(await api.devices("node-wiped")) == ["rbln0", "rbln1", "rbln2"]
+    for found in await api.slices("node-wiped"):
+        await api.client.delete(ResourceSlice, found.metadata.name)
+    # No change, but told the server may differ (the plugin registered again): it looks.
+    publisher.forget()
+    await publisher.publish(many(3))
+    assert sorted(await api.devices("node-wiped")) == ["rbln0", "rbln1", "rbln2"]
+    assert used(wire) <= ALLOWED
+    await publisher.close()
+
+
+async def test_remove_all_deletes_this_nodes_slices_only(api: Api) -> None:
+    await api.node("node-rm")
+    await api.node("node-keep")
+    remover, _ = api.publisher("node-rm")
+    keeper, _ = api.publisher("node-keep")
+    await remover.publish(many(130))
+    await keeper.publish(many(1))
+    with capture_logs() as logs:
+        assert await remover.remove_all()
+    assert await api.slices("node-rm") == []
+    assert len(await api.slices("node-keep")) == 1
+    [record] = [r for r in logs if r["event"] == pub.REMOVED_MSG]
+    assert record["count"] == 2
+    # Publishing again after a removal writes the pool again, above the old generation.
+    await remover.publish(many(1))
+    assert await api.generations("node-rm") == {(2, 1)}
+    await remover.close()
+    await keeper.close()
+
+
+async def test_publishes_of_one_publisher_do_not_interleave(api: Api) -> None:
+    await api.node("node-race")
+    publisher, _ = api.publisher("node-race")
+    await asyncio.gather(*(publisher.publish(many(n)) for n in (1, 129, 2, 130)))
+    assert await api.generations("node-race") == {(4, 2)}
+    assert len(await api.devices("node-race")) == 130
+    assert publisher.failures == 0
+    await publisher.close()
+
+
+def test_devices_left_out_are_logged_once_while_it_lasts() -> None:
+    publisher = SlicePublisher(client=None, node="node-x")
+    odd: Mapping[str, Mapping[str, Entry]] = {NPU: {**many(1)[NPU], "RBLN9": many(1)[NPU]["rbln0"]}}
+    with capture_logs() as logs:
+        for _ in range(3):
+            publisher._log_omissions(slices.build_pool("node-x", odd).omissions)
+    assert [(r["event"], r["log_level"], r["device"]) for r in logs] == [
+        (pub.DEVICE_LEFT_OUT_MSG, "error", "RBLN9")
+    ]
