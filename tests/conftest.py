@@ -113,6 +113,7 @@ SHARED_MODULES = {
     "test_hostile.py",
     "test_prometheus_rules.py",
     "test_kubeapi_client.py",  # one real API server (tests/kubeapi.py)
+    "test_dra_mode.py",  # one real API server (tests/kubeapi.py)
     "test_dra_publisher.py",  # the same, for the ResourceSlice publisher
 }
 

@@ -40,8 +40,13 @@ def table(codes: dict[int, int | None], numa: int | None = 0) -> DeviceTable:
 
 @pytest.fixture
 def recorder() -> OtelMetrics:
+    return new_recorder("device-plugin")
+
+
+def new_recorder(mode: str) -> OtelMetrics:
     reader = InMemoryMetricReader()
-    return OtelMetrics(MeterProvider(metric_readers=[reader], shutdown_on_exit=False), reader)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    return OtelMetrics(provider, reader, mode)
 
 
 def every_event(recorder: OtelMetrics) -> None:
@@ -57,6 +62,9 @@ def every_event(recorder: OtelMetrics) -> None:
     recorder.stream_opened(NPU)
     recorder.host_read_stalled()
     recorder.cdi_spec("missing")
+    recorder.dra_claim(m.DRA_PREPARE, m.OK, 0.01)
+    recorder.dra_prepared_claims(1)
+    recorder.dra_slice_write("create", m.OK)
 
 
 def test_each_event_moves_its_series(recorder: OtelMetrics) -> None:
@@ -124,9 +132,9 @@ def readme_table() -> dict[str, tuple[str, frozenset[str]]]:
     return {name: (kind, frozenset(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
 
 
-def test_the_readme_lists_exactly_the_metrics_with_type_and_labels(
-    recorder: OtelMetrics,
-) -> None:
+def test_the_readme_lists_exactly_the_metrics_with_type_and_labels() -> None:
+    # The dra mode's recorder: it has every series of the other mode and the dra_* ones.
+    recorder = new_recorder("dra")
     every_event(recorder)
     exposed = {}
     for family in text_string_to_metric_families(recorder.render()):
@@ -137,3 +145,17 @@ def test_the_readme_lists_exactly_the_metrics_with_type_and_labels(
     # the README names it in a sentence, not in the table.
     assert exposed.pop("target_info")[0] == "gauge"
     assert readme_table() == exposed
+
+
+def test_the_dra_mode_adds_the_stated_series_at_0() -> None:
+    stated = re.search(r"\*\*(\d+) series more\*\*", METRICS_PAGE.read_text())
+    assert stated, "docs/metrics.md states what the dra mode adds"
+    device_plugin = parse(new_recorder("device-plugin").render())
+    dra = parse(new_recorder("dra").render())
+    assert set(device_plugin) <= set(dra)
+    added = set(dra) - set(device_plugin)
+    assert {name for name, _ in added} >= {f"rbln_device_plugin_dra_{n}" for n in (
+        "claims_total", "resourceslice_writes_total", "prepared_claims",
+        "prepare_duration_seconds_count")}  # fmt: skip
+    assert all(dra[key] == 0 for key in added)
+    assert len(added) == int(stated.group(1))
