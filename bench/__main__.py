@@ -18,6 +18,7 @@ from . import (
     bench_cdi,
     bench_cdidirs,
     bench_daemon,
+    bench_dra,
     bench_fast,
     bench_http,
     bench_idle_parts,
@@ -88,6 +89,7 @@ def main(argv: list[str]) -> int:
         ("CDI spec directories", bench_cdidirs.run),
         ("CDI spec checks", bench_cdi.run),
         ("Kubernetes client libraries", bench_k8sclient.run),
+        ("dra mode", bench_dra.run),
     ]
     rows: list[Row] = []
     began = time.monotonic()

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,3 +293,25 @@ async def test_dra_metrics_say_the_mode_and_count_slice_writes_and_claims(
     assert value(samples, "dra_claims_total", operation="prepare", result="claim") == 0
     assert value(samples, "dra_prepared_claims") == 1
     assert value(samples, "dra_prepare_duration_seconds_count", result="ok") == 1
+
+
+async def test_the_daemon_process_in_dra_mode_speaks_tls_to_the_api_server(
+    node: DraNode, api: AsyncClient
+) -> None:
+    """The installed entry point, not the in-process runtime: the process keeps modules
+    it never uses out of memory (processtweaks), and dra mode needs TLS."""
+    env = {**os.environ, "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info"}
+    log = node.root / "daemon.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rbln_device_plugin", *node.sim.daemon_args("1s"),
+             *node.args()],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        devices = await eventually(lambda: published(api), "the node's ResourceSlices", 30)
+        assert set(devices) == set(await advertised(node.sim))
+    finally:
+        process.terminate()
+        code = process.wait(timeout=30)
+    assert code == 0, log.read_text()[-3000:]

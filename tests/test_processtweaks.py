@@ -129,3 +129,48 @@ def test_the_preferred_allocation_search_loads_only_after_register() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "tls"),
+    [
+        ([], {}, False),
+        (["--mode=device-plugin"], {}, False),
+        (["-mode", "device-plugin", "--device-scan-interval", "5s"], {}, False),
+        ([], {"RBLN_MODE": "device-plugin"}, False),
+        (["--kubeconfig", "/k"], {}, False),  # no mode: the default needs no TLS
+        (["--mode=dra"], {}, True),
+        (["-mode=dra"], {}, True),
+        (["--mode", "dra"], {}, True),
+        (["-mode", "dra"], {}, True),
+        (["--mode"], {}, True),  # options refuses it; TLS kept all the same
+        ([], {"RBLN_MODE": "dra"}, True),
+        ([], {"RBLN_MODE": ""}, True),
+        (["--", "--mode=dra"], {}, False),
+        (["inspect"], {}, True),
+    ],
+)
+def test_tls_is_kept_for_every_way_of_asking_for_dra_mode(
+    argv: list[str], environ: dict[str, str], tls: bool
+) -> None:
+    assert processtweaks.needs_tls(argv, environ) is tls
+
+
+def test_the_mode_setting_names_are_the_configurations() -> None:
+    from rbln_device_plugin import config
+
+    (mode,) = [o for o in config.OPTIONS if o.field == "mode"]
+    assert mode.flag == f"--{processtweaks.MODE_FLAG}"
+    assert mode.env == processtweaks.MODE_ENV
+    assert mode.default == processtweaks.MODE_WITHOUT_TLS
+
+
+def test_with_tls_asyncio_keeps_ssl_and_the_other_modules_stay_out() -> None:
+    done = run_python(
+        "import sys; from rbln_device_plugin import processtweaks; "
+        "processtweaks.keep_out_unused_modules(tls=True); "
+        "import asyncio.sslproto, ssl; "
+        "print(asyncio.sslproto.ssl is ssl, sys.modules['bz2'], sys.modules['lzma'])"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "None", "None"]

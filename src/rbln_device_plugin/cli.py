@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 from rbln_device_plugin import processtweaks, signalcatch
 
-# Before asyncio is imported by anything below (see processtweaks).
-processtweaks.keep_out_unused_modules()
+# Before asyncio is imported by anything below (see processtweaks). dra mode keeps ssl:
+# its API server client speaks TLS through asyncio.
+processtweaks.keep_out_unused_modules(processtweaks.needs_tls(sys.argv[1:], os.environ))
 
 from rbln_device_plugin import __version__, config, options  # noqa: E402
 from rbln_device_plugin.model import resources  # noqa: E402

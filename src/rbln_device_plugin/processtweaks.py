@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Final, NoReturn
 
 # Modules loaded only because a module the daemon needs can use them, and that this
@@ -29,8 +30,39 @@ from typing import Final, NoReturn
 NEVER_USED: Final[tuple[str, ...]] = ("ssl", "bz2", "lzma")
 
 
-def keep_out_unused_modules() -> None:
-    """Mark the modules in ``NEVER_USED`` as not installed, before asyncio is imported.
+# The one setting that brings TLS into the process: dra mode's API server client
+# (lightkube over httpx) opens TLS streams through asyncio. tests/test_processtweaks.py
+# checks these against config.OPTIONS.
+MODE_FLAG: Final = "mode"
+MODE_ENV: Final = "RBLN_MODE"
+MODE_WITHOUT_TLS: Final = "device-plugin"
+
+
+def needs_tls(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether this command line may run with TLS: ``inspect`` (it may read the API
+    server), or any mode setting other than ``device-plugin``, on the command line (one
+    dash or two, ``=value`` or the next argument) or in the environment. A setting that
+    options later refuses costs 4 MiB here, never a daemon without TLS that needs it."""
+    if argv[:1] == ["inspect"]:
+        return True
+    if environ.get(MODE_ENV, MODE_WITHOUT_TLS) != MODE_WITHOUT_TLS:
+        return True
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            break
+        name, equals, value = arg.lstrip("-").partition("=")
+        if not arg.startswith("-") or name != MODE_FLAG:
+            continue
+        if not equals:
+            value = argv[index + 1] if index + 1 < len(argv) else ""
+        if value != MODE_WITHOUT_TLS:
+            return True
+    return False
+
+
+def keep_out_unused_modules(tls: bool = False) -> None:
+    """Mark the modules in ``NEVER_USED`` as not installed, before asyncio is imported;
+    with ``tls``, all of them but ssl (asyncio decides at import whether it has TLS).
 
     Saves 4.12 MiB for ssl (43.12 MiB without it) and 8-13 ms of start-up (``python -X
     importtime -c 'import asyncio'``: ssl's cumulative import time); bz2 and lzma: 0.30
@@ -45,7 +77,8 @@ def keep_out_unused_modules() -> None:
     if "asyncio" in sys.modules:
         return
     for name in NEVER_USED:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+        if not (tls and name == "ssl"):
+            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 def exit_now(code: int) -> NoReturn:
