@@ -52,10 +52,10 @@ from tests.dra_kubelet import KubeletSide
 from tests.test_dra_mode import NODE, allocate
 
 from . import cli
-from .bench_daemon import rss_mib
+from .bench_daemon import recorded_smi_ms, rss_mib, timed_smi, wrapper_cost_ms
 
 Row = dict[str, Any]
-LAYOUT = "rebel-sriov"
+LAYOUT = "atom-max-8"  # 32 whole NPUs
 
 
 def _ms(samples: Sequence[float]) -> str:
@@ -95,11 +95,14 @@ def daemon_metric(port: int, name: str) -> float:
 
 @contextlib.asynccontextmanager
 async def dra_daemon(
-    server: kubeapi.ApiServer, interval: str, metrics_port: int
+    server: kubeapi.ApiServer, interval: str, metrics_port: int, timed: bool = False
 ) -> AsyncIterator[tuple[SimNode, subprocess.Popen[bytes], Path]]:
-    """The daemon process in dra mode on a fresh simulated node, its slices published."""
+    """The daemon process in dra mode on a fresh simulated node; with ``timed``, its
+    rbln-smi records the wall time of each call (``bench_daemon.timed_smi``)."""
     root = short_tempdir("rbln-bench-dra-")
     node = materialize(preset(LAYOUT), root / "node")
+    if timed:
+        timed_smi(node)
     registry, plugins = root / "plugins_registry", root / "plugins"
     registry.mkdir()
     plugins.mkdir()
@@ -143,7 +146,13 @@ async def prepare_figures(
 ) -> tuple[list[Row], float]:
     """Prepare/unprepare latency next to the two floors, and the daemon's RSS (MiB) after."""
     rows: list[Row] = []
-    async with dra_daemon(server, "1h", kubeapi.free_port()) as (_, proc, registration):
+    async with dra_daemon(server, "1h", kubeapi.free_port(), timed=True) as (
+        node,
+        proc,
+        registration,
+    ):
+        timings = node.root / "smi-ns"
+        wrapper_ms = wrapper_cost_ms(node.smi_path, timings)
 
         async def registered() -> bool:
             return registration.exists()
@@ -162,18 +171,23 @@ async def prepare_figures(
                     floor_rpc.append((time.perf_counter() - began) * 1000)
             rows.append(_row("floor: one gRPC round trip (GetInfo)", floor_rpc))
             for size in (1, 4):
-                devices = [f"rbln{k}" for k in range(4, 4 + size)]  # whole PFs
+                devices = [f"rbln{k}" for k in range(size)]
                 ref = await allocate(api, f"bench-{size}", devices)
                 floor_get: list[float] = []
                 prepare: list[float] = []
+                own: list[float] = []
                 unprepare: list[float] = []
                 for _ in range(runs):
                     began = time.perf_counter()
                     await api.get(ResourceClaim, ref.name, namespace=ref.namespace)
                     floor_get.append((time.perf_counter() - began) * 1000)
+                    timings.write_text("")
                     began = time.perf_counter()
                     answer = (await kubelet.prepare(ref))[ref.uid]
                     prepare.append((time.perf_counter() - began) * 1000)
+                    calls = len(timings.read_text().splitlines())
+                    inside = recorded_smi_ms(timings) + calls * wrapper_ms
+                    own.append(prepare[-1] - inside)
                     if answer.error:
                         raise RuntimeError(f"prepare failed: {answer.error}")
                     began = time.perf_counter()
@@ -183,6 +197,7 @@ async def prepare_figures(
                         raise RuntimeError(f"unprepare failed: {errors}")
                 rows.append(_row(f"floor: GET of the claim ({size} NPU)", floor_get))
                 rows.append(_row(f"NodePrepareResources, {size} NPU", prepare, floor_rpc))
+                rows.append(_row(f"  of which outside rbln-smi, {size} NPU", own, floor_rpc))
                 rows.append(_row(f"NodeUnprepareResources, {size} NPU", unprepare, floor_rpc))
         finally:
             await kubelet.close()
