@@ -592,8 +592,13 @@ def test_help_lists_only_the_flags_that_change_the_report() -> None:
         "--preferred",
         "--must-include",
         "--cdi-root",
-        "--cdi-static-dir",
-    ):  # the CDI spec check reads both
+        "--cdi-static-dir",  # the CDI spec check reads both
+        "--mode",  # the mode part: the sockets of both modes, dra mode's checkpoint
+        "--node-name",
+        "--kubelet-device-plugin-path",
+        "--kubelet-plugins-registry-path",
+        "--kubelet-plugins-path",
+    ):
         assert shown in done.stderr
     for hidden in ("--cdi-mode", "--healthcheck-port", "--device-scan-interval",
                    "--otlp-endpoint", "--rsd-lock-path", "--test-file-device-nodes"):  # fmt: skip
@@ -860,6 +865,14 @@ async def test_inspect_beside_a_running_daemon_reports_what_the_kubelet_sees(
             )
             assert summary(document)[resource] == view_counts
             assert view_counts[0] == counts[resource]
+        # The daemon's mode, and its sockets as the report's own mode's.
+        assert document["mode"]["configured"] == "device-plugin"
+        assert {
+            Path(s["path"]).name: s["found"]
+            for s in document["mode"]["sockets"]
+            if s["mode"] == "device-plugin"
+        } == {name: "socket" for name in h.sockets() if name != "kubelet.sock"}
+        assert not [p for p in document["problems"] if p["kind"] == "other-mode-socket"]
         # Nothing changed for the daemon: same sockets, no new registration, still serving.
         assert len(h.kubelet.registrations) == registrations
         assert {n: (h.node.kubelet_dir / n).stat().st_ino for n in h.sockets()} == sockets

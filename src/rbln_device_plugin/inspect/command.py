@@ -28,6 +28,8 @@ from rbln_device_plugin import __version__, config, options
 from rbln_device_plugin.host import smi, sysfs
 from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
+from rbln_device_plugin.inspect.drafacts import gather_mode
+from rbln_device_plugin.inspect.drareport import explain_mode
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
 from rbln_device_plugin.inspect.preferredreport import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
@@ -42,7 +44,9 @@ EXIT_INTERRUPTED: Final = 130
 _EPILOG: Final = (
     "Runs one discovery pass with the daemon's configuration (same flags, environment "
     "variables and defaults) and prints what the node has, what the kubelet is told and "
-    "why. Read-only: no RSD group, lock, socket, port or file is created. Exit status: 0 "
+    "why; which mode is configured and which sockets of either mode are on the node; in "
+    "dra mode the ResourceSlice devices and the prepared claims. Read-only: no RSD "
+    "group, lock, socket, port or file is created. Exit status: 0 "
     "when at least one device is advertised and no error was found, 1 when discovery "
     "fails, nothing is advertised or an error was found, 2 for usage errors. The report "
     "goes to stdout; log records go to stderr, errors only unless "
@@ -50,9 +54,11 @@ _EPILOG: Final = (
     "accepted too, so the daemon's own command line works here, but changes nothing."
 )
 # The settings that change what inspect reads; --help lists only these.
-_SHOWN: Final = tuple(
-    o for o in config.OPTIONS if o.field in ("sysfs_root", "rbln_smi", "cdi_root", "cdi_static_dir")
-)
+_SHOWN_FIELDS: Final = (
+    "sysfs_root", "rbln_smi", "cdi_root", "cdi_static_dir", "mode", "node_name",
+    "kubelet_dir", "kubelet_plugins_registry_path", "kubelet_plugins_path",
+)  # fmt: skip
+_SHOWN: Final = tuple(o for o in config.OPTIONS if o.field in _SHOWN_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +195,7 @@ async def _gather(cfg: config.Config, io: HostIO) -> HostFacts:
     )  # fmt: skip
     statuses = await sysfs.read_statuses(io, root, names)
     cdi = await check_cdi(cfg, io)
+    mode = await gather_mode(cfg, io)
     return HostFacts(
         smi=outcome,
         sysfs_devices=devices,
@@ -200,6 +207,7 @@ async def _gather(cfg: config.Config, io: HostIO) -> HostFacts:
         config=cfg.describe(),
         sysfs_missing=() if isinstance(missing, Stalled) else missing,
         cdi=cdi,
+        mode=mode,
     )
 
 
@@ -214,7 +222,7 @@ def _stalled_facts(stalled: Stalled) -> DeviceFacts:
 
 
 def render(request: InspectRequest, host: HostFacts) -> tuple[str, int]:
-    report = build_report(host)
+    report = explain_mode(build_report(host))
     preferred = None
     if request.preferred is not None:
         preferred = explain_preferred(

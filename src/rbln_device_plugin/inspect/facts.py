@@ -12,6 +12,7 @@ from typing import Any
 
 from rbln_device_plugin.host.smi import ParsedEntry
 from rbln_device_plugin.host.sysfs import SysfsDevice
+from rbln_device_plugin.inspect.drafacts import ModeFacts
 from rbln_device_plugin.model.cdispec import SpecVerdict
 from rbln_device_plugin.model.health import StatusReading
 from rbln_device_plugin.model.inventory import DeviceFacts, is_valid_bus_id, is_valid_name
@@ -45,6 +46,7 @@ class HostFacts:
     # ``sysfs.missing_roots``): the sysfs root is not the host's.
     sysfs_missing: tuple[str, ...] = ()
     cdi: SpecVerdict | None = None  # the CDI spec check, as the daemon makes it
+    mode: ModeFacts | None = None  # the mode's sockets, checkpoint and claims' spec files
 
 
 def wanted_reads(

@@ -9,17 +9,18 @@ so a hostile rbln-smi cannot move the cursor or forge lines on an operator's ter
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any, Final
 
+from rbln_device_plugin.inspect.drarender import mode_document, mode_line, mode_lines
 from rbln_device_plugin.inspect.facts import SmiOutcome
 from rbln_device_plugin.inspect.preferredreport import Choice, PreferredReport, score_levels
 from rbln_device_plugin.inspect.report import Finding, Report, Row
+from rbln_device_plugin.inspect.textcells import DASH as _DASH
+from rbln_device_plugin.inspect.textcells import cell as _cell
+from rbln_device_plugin.inspect.textcells import columns as _columns
 from rbln_device_plugin.model.cdispec import CdiState, SpecVerdict
 
 SCHEMA_VERSION: Final = 1
-_CELL_MAX: Final = 72
-_DASH: Final = "-"
 
 
 # ----------------------------------------------------------------------------- JSON
@@ -52,6 +53,7 @@ def to_document(report: Report, preferred: PreferredReport | None, version: str)
         "problems": [_problem(finding) for finding in report.findings],
         "preferred": None if preferred is None else _preferred(preferred),
         "cdi": _cdi(report.facts.cdi),
+        "mode": mode_document(report.mode),
         "advertisedCount": report.advertised,
         "exitCode": report.exit_code,
     }
@@ -142,6 +144,8 @@ def render_table(report: Report, preferred: PreferredReport | None) -> str:
     lines.append(f"sysfs:    {_cell(str(facts.config.get('sysfsRoot', '?')))}")
     if facts.cdi is not None:
         lines.append(f"cdi:      {_cdi_line(facts.cdi)}")
+    if report.mode is not None:
+        lines.append(f"mode:     {mode_line(report.mode)}")
     lines.append("")
     lines += _columns(
         [
@@ -171,6 +175,8 @@ def render_table(report: Report, preferred: PreferredReport | None) -> str:
         [[s.name, str(s.devices), str(s.healthy), str(s.unhealthy)] for s in report.resources],
     )
     lines.append("")
+    if report.mode is not None:
+        lines += [*mode_lines(report.mode), ""]
     if report.findings:
         lines.append(f"Problems ({len(report.findings)}):")
         lines += [f"  {_finding_line(finding)}" for finding in report.findings]
@@ -294,23 +300,3 @@ def _preferred_lines(answer: PreferredReport) -> list[str]:
 
 def _level(value: Any) -> str:
     return ",".join(value) if isinstance(value, list) else str(value)
-
-
-def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [len(title) for title in header]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [cell.ljust(widths[i]) for i, cell in enumerate(cells[:-1])]
-        return "  ".join([*padded, cells[-1]]).rstrip()
-
-    return [line(header), *(line(row) for row in rows)]
-
-
-def _cell(text: str, limit: int = _CELL_MAX) -> str:
-    """One line of printable text: control characters escaped, long text shortened."""
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
@@ -38,6 +38,9 @@ from rbln_device_plugin.model.inventory import (
     resource_for,
     screen,
 )
+
+if TYPE_CHECKING:  # drareport builds on this module
+    from rbln_device_plugin.inspect.drareport import ModeReport
 
 # Resource names are fixed: the summary always shows all three, so a missing one is a 0.
 RESOURCES: Final = resources.RESOURCE_NAMES
@@ -110,6 +113,7 @@ class Report:
     # What each resource plugin would hold after its first scan, by device ID (only
     # advertised resources appear).
     tables: Mapping[str, Mapping[str, Entry]]
+    mode: ModeReport | None = None  # which mode runs and, in dra mode, what it publishes
 
     @property
     def advertised(self) -> int:
