@@ -18,9 +18,10 @@ import pytest
 from rbln_device_plugin.host.smi import parse_entries
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
+from rbln_device_plugin.inspect.findings import Severity
 from rbln_device_plugin.inspect.preferredreport import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
-from rbln_device_plugin.inspect.report import Report, Row, Severity, build_report
+from rbln_device_plugin.inspect.report import Report, Row, build_report
 from rbln_device_plugin.model.health import StatusReading
 from rbln_device_plugin.model.inventory import DeviceFacts, SriovFacts
 from rbln_device_plugin.topology import Candidate, candidate_from_device, score

@@ -43,9 +43,10 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"host", "options"}),
     # The core: scan -> inventory -> per-resource device state. It knows no front end.
     frozenset({"core"}),
-    # The front ends (the device plugin's kubelet/, DRA's dra/) and inspect: independent.
-    frozenset({"kubelet", "dra", "inspect"}),
-    frozenset({"runtime"}),
+    # The front ends (the device plugin's kubelet/, DRA's dra/): independent.
+    frozenset({"kubelet", "dra"}),
+    # The daemon's lifecycle, and inspect (which reports what either front end would do).
+    frozenset({"runtime", "inspect"}),
     frozenset({"cli"}),
     frozenset({"entry"}),  # the signal catcher first, then cli
     frozenset({"__main__"}),

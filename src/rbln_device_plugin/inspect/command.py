@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Final
 
@@ -29,11 +29,11 @@ from rbln_device_plugin.host import smi, sysfs
 from rbln_device_plugin.host.cdidirs import SpecDirReader, read_spec_dirs
 from rbln_device_plugin.host.hostio import Call, HostIO, Stalled
 from rbln_device_plugin.inspect.drafacts import gather_mode
-from rbln_device_plugin.inspect.drareport import explain_mode
+from rbln_device_plugin.inspect.drareport import build_mode_report
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, wanted_reads
 from rbln_device_plugin.inspect.preferredreport import explain_preferred
 from rbln_device_plugin.inspect.render import render_table, to_document
-from rbln_device_plugin.inspect.report import RESOURCES, build_report
+from rbln_device_plugin.inspect.report import RESOURCES, Report, build_report
 from rbln_device_plugin.model.cdispec import REFERENCED_DEVICES, SpecVerdict, resolve_cdi_devices
 from rbln_device_plugin.model.inventory import RESOURCE_NPU, DeviceFacts, SriovFacts
 from rbln_device_plugin.telemetry import logs
@@ -282,3 +282,12 @@ def _main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     return code
+
+
+def explain_mode(report: Report) -> Report:
+    """``report`` with its mode part and the mode's findings; unchanged without facts."""
+    facts = report.facts.mode
+    if facts is None:
+        return report
+    mode = build_mode_report(facts, report.tables)
+    return replace(report, mode=mode, findings=(*report.findings, *mode.findings))

@@ -18,14 +18,14 @@ the ResourceSlices' devices, attribute for attribute. The findings:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 from rbln_device_plugin.dra import checkpoint as cp
 from rbln_device_plugin.dra import names, slices
 from rbln_device_plugin.dra.slices import Omission
 from rbln_device_plugin.inspect.drafacts import DEVICE_PLUGIN, DRA, SOCKET, ModeFacts, PathSeen
-from rbln_device_plugin.inspect.report import Finding, Report, Severity
+from rbln_device_plugin.inspect.findings import Finding, Severity
 from rbln_device_plugin.model.devicetable import Entry
 
 _SPEC_FILE: Final = "file"
@@ -83,15 +83,6 @@ class ModeReport:
     def sockets(self, mode: str) -> tuple[PathSeen, ...]:
         facts = self.facts
         return facts.dra_sockets if mode == DRA else facts.device_plugin_sockets
-
-
-def explain_mode(report: Report) -> Report:
-    """``report`` with its mode part and the mode's findings; unchanged without facts."""
-    facts = report.facts.mode
-    if facts is None:
-        return report
-    mode = build_mode_report(facts, report.tables)
-    return replace(report, mode=mode, findings=(*report.findings, *mode.findings))
 
 
 def build_mode_report(facts: ModeFacts, tables: Mapping[str, Mapping[str, Entry]]) -> ModeReport:

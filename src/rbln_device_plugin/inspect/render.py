@@ -13,8 +13,9 @@ from typing import Any, Final
 
 from rbln_device_plugin.inspect.drarender import mode_document, mode_line, mode_lines
 from rbln_device_plugin.inspect.facts import SmiOutcome
+from rbln_device_plugin.inspect.findings import Finding
 from rbln_device_plugin.inspect.preferredreport import Choice, PreferredReport, score_levels
-from rbln_device_plugin.inspect.report import Finding, Report, Row
+from rbln_device_plugin.inspect.report import Report, Row
 from rbln_device_plugin.inspect.textcells import DASH as _DASH
 from rbln_device_plugin.inspect.textcells import cell as _cell
 from rbln_device_plugin.inspect.textcells import columns as _columns

@@ -11,12 +11,12 @@ the way the resource plugin would; rendering (table and JSON) lives in ``render`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 from rbln_device_plugin.host.sysfs import SysfsDevice
 from rbln_device_plugin.inspect.facts import HostFacts, SmiOutcome, identity
+from rbln_device_plugin.inspect.findings import Finding, Severity
 from rbln_device_plugin.model import resources
 from rbln_device_plugin.model.cdispec import CdiState, SpecVerdict
 from rbln_device_plugin.model.devicetable import DeviceTable, Entry
@@ -39,7 +39,7 @@ from rbln_device_plugin.model.inventory import (
     screen,
 )
 
-if TYPE_CHECKING:  # drareport builds on this module
+if TYPE_CHECKING:
     from rbln_device_plugin.inspect.drareport import ModeReport
 
 # Resource names are fixed: the summary always shows all three, so a missing one is a 0.
@@ -47,13 +47,6 @@ RESOURCES: Final = resources.RESOURCE_NAMES
 EXIT_OK: Final = 0
 EXIT_PROBLEMS: Final = 1
 _NOT_READ: Final = StatusReading(None, "status not read")
-
-
-class Severity(StrEnum):
-    # Costs the node an advertised or healthy device, or its whole inventory: exit 1.
-    ERROR = "error"
-    # Degrades placement only (the device is still advertised and usable): exit 0.
-    WARNING = "warning"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +75,6 @@ class Row:
     status_detail: str = ""  # why the status file is unreadable
     pci_path: tuple[str, ...] | None = None
     pci_path_error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """A problem the report names: the daemon's own Problem records plus inspect's."""
-
-    severity: Severity
-    kind: str
-    message: str
-    device: str | None = None
-    bus_id: str | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
