@@ -316,10 +316,28 @@ def test_a_kubelet_restart_registers_again_and_the_slice_comes_back(dra: Cluster
 
 def test_helm_uninstall_removes_slices_and_classes_and_leaves_pods_running(dra: Cluster) -> None:
     pod = run_claiming(dra, "dra-stays", claim_template("stays", "npu.rebellions.ai", 1))
+    uid = pod_claim(dra, "dra-stays")["metadata"]["uid"]
     dra.uninstall_chart(RELEASE, NAMESPACE)
     classes = dra.kubectl_json("get", "deviceclasses")["items"]
     assert not [c for c in classes if c["metadata"]["name"].endswith(".rebellions.ai")]
     # The kubelet wipes a driver's slices 30 s after its plugin went away for good.
     wait_for("the slices removed", lambda: not node_slices(dra), timeout=120)
     assert pod.untouched()
-    pod.delete()
+    # The pod's claim is still prepared (its CDI spec, the plugin's checkpoint on the
+    # node): ending the pod needs NodeUnprepareResources, so its deletion waits for a
+    # plugin. Installed again, the plugin finds the claim in its checkpoint and
+    # unprepares it; the pod goes.
+    dra.kubectl("delete", "pod", "dra-stays", "-n", "default", "--wait=false")
+    assert spec_file(dra, uid).is_file()
+    dra.install_chart(
+        RELEASE, NAMESPACE, sets=list(DRA_SETS), extra_env=configs.in_cluster_api_env()
+    )
+    wait_for(
+        "the pod gone once a plugin unprepared its claim",
+        lambda: "dra-stays" not in {p["metadata"]["name"] for p in dra.pods("default")},
+        diagnose=lambda: plugin_said(dra),
+        timeout=120,
+    )
+    assert not spec_file(dra, uid).exists()
+    records = plugin_records(dra)
+    assert [r for r in records if r["msg"] == "DRA claim unprepared" and r["claimUID"] == uid]
