@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 AREAS = {
     "scan", "preferred", "daemon", "lean", "idle", "fast", "metrics", "load", "cdi", "k8sclient",
+    "dra",
 }  # fmt: skip
 
 
