@@ -182,8 +182,15 @@ def test_dra_mode_publishes_one_slice_that_matches_the_node(dra: Cluster) -> Non
         assert attributes["healthy"] == {"bool": True}
     # The device-plugin API offers nothing: one node serves its NPUs one way.
     assert dra.allocatable() == {}
-    records = plugin_records(dra)
-    assert any(r["msg"] == "DRA plugin registered with the kubelet" for r in records)
+    # The kubelet's plugin manager registers the plugin from its reconciler loop (once a
+    # second, pkg/kubelet/pluginmanager): the slice may be written first.
+    wait_for(
+        "the plugin registered with the kubelet",
+        lambda: any(
+            r["msg"] == "DRA plugin registered with the kubelet" for r in plugin_records(dra)
+        ),
+        diagnose=lambda: plugin_said(dra),
+    )
 
 
 def test_a_claim_for_two_npus_under_one_pcie_root_runs_with_exactly_those(dra: Cluster) -> None:
