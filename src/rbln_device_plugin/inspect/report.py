@@ -329,7 +329,7 @@ def _advertised_findings(resource: str, entry: Entry, facts: DeviceFacts) -> lis
             Finding(
                 Severity.ERROR,
                 "unhealthy",
-                "Device is Unhealthy; the kubelet will not place pods on it",
+                "Device is Unhealthy; no new container is given it",
                 device.name,
                 device.bus_id,
                 {"resourceName": resource, "status": entry.verdict.describe()},
