@@ -64,6 +64,10 @@ def target(version: str) -> gobuild.GoTarget:
         name=module,
         module=GO_ROOT / module,
         binaries=(gobuild.GoBinary(".", "kubelet-peer"),),
+        # The real node's kubelet's settings, and its module versions in go.mod, so the
+        # release's packages compile once for both (tests/test_gobuild.py).
+        env=gobuild.STATIC_ENV,
+        flags=gobuild.TRIM,
         sources=(GO_ROOT / "peer",),
     )
 

@@ -81,7 +81,6 @@ STATIC_TAGS: Final = (
     "netgo",
     "static_build",
 )
-TRIM: Final = ("-trimpath",)
 
 GO_TARGETS: Final = (
     gobuild.GoTarget(
@@ -91,8 +90,8 @@ GO_TARGETS: Final = (
             gobuild.GoBinary(f"k8s.io/kubernetes/cmd/{name}", name)
             for name in ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
         ),
-        env={"CGO_ENABLED": "0"},
-        flags=(*TRIM, f"-ldflags={kube_ldflags(KUBERNETES_VERSION)}"),
+        env=gobuild.STATIC_ENV,
+        flags=(*gobuild.TRIM, f"-ldflags={kube_ldflags(KUBERNETES_VERSION)}"),
     ),
     gobuild.GoTarget(
         name=f"containerd-{CONTAINERD_VERSION}",
@@ -108,9 +107,9 @@ GO_TARGETS: Final = (
                 (*STATIC_TAGS, "no_grpc"),
             ),
         ),
-        env={"CGO_ENABLED": "0"},
+        env=gobuild.STATIC_ENV,
         flags=(
-            *TRIM,
+            *gobuild.TRIM,
             f"-ldflags=-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",
         ),
     ),
@@ -118,8 +117,8 @@ GO_TARGETS: Final = (
         name=f"etcd-{ETCD_VERSION}",
         module=GO_DIR / "etcd",
         binaries=(gobuild.GoBinary("go.etcd.io/etcd/server/v3", "etcd"),),
-        env={"CGO_ENABLED": "0"},
-        flags=TRIM,
+        env=gobuild.STATIC_ENV,
+        flags=gobuild.TRIM,
     ),
 )
 # The older pairing (``pytest.mark.realnode(legacy_runtime=True)``): the 1.34 kubelet
@@ -130,8 +129,8 @@ LEGACY_TARGETS: Final = (
         name=f"kubelet-{LEGACY_KUBERNETES_VERSION}",
         module=GO_DIR / "kubelet-1.34",
         binaries=(gobuild.GoBinary("k8s.io/kubernetes/cmd/kubelet", "kubelet"),),
-        env={"CGO_ENABLED": "0"},
-        flags=(*TRIM, f"-ldflags={kube_ldflags(LEGACY_KUBERNETES_VERSION)}"),
+        env=gobuild.STATIC_ENV,
+        flags=(*gobuild.TRIM, f"-ldflags={kube_ldflags(LEGACY_KUBERNETES_VERSION)}"),
     ),
     gobuild.GoTarget(
         name=f"containerd-{LEGACY_CONTAINERD_VERSION}",
@@ -140,9 +139,9 @@ LEGACY_TARGETS: Final = (
             gobuild.GoBinary(f"github.com/containerd/containerd/cmd/{name}", name, STATIC_TAGS)
             for name in ("containerd", "ctr", "containerd-shim-runc-v2")
         ),
-        env={"CGO_ENABLED": "0"},
+        env=gobuild.STATIC_ENV,
         flags=(
-            *TRIM,
+            *gobuild.TRIM,
             "-ldflags=-X github.com/containerd/containerd/version.Version="
             + LEGACY_CONTAINERD_VERSION,
         ),
