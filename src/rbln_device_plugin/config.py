@@ -22,9 +22,11 @@ IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
 
 
 def legacy_names_requested(environ: Mapping[str, str]) -> str | None:
-    """IGNORED_ENV's value when it asks for the old per-product resource names (gone)."""
+    """IGNORED_ENV's value when it asks for the old per-product resource names (gone).
+
+    An empty value is false, as the Go plugin's BoolFlag reads it (urfave/cli v2)."""
     raw = environ.get(IGNORED_ENV)
-    return raw if raw is not None and raw in GO_FALSE else None
+    return raw if raw is not None and (raw in GO_FALSE or raw == "") else None
 
 
 def ignored_env_problem(environ: Mapping[str, str]) -> str | None:
@@ -33,7 +35,8 @@ def ignored_env_problem(environ: Mapping[str, str]) -> str | None:
     The variable changes nothing, so a bad value is worth a warning, not a refusal.
     """
     raw = environ.get(IGNORED_ENV)
-    if raw is None or raw in GO_TRUE | GO_FALSE:  # strconv.ParseBool's spellings, exactly
+    # strconv.ParseBool's spellings, exactly; empty is false (see legacy_names_requested).
+    if raw is None or raw == "" or raw in GO_TRUE | GO_FALSE:
         return None
     return f"{IGNORED_ENV} (environment): {raw!r} is not a boolean (true or false); ignored"
 
@@ -46,6 +49,24 @@ class IgnoredSetting(ValueError):
     """A value that is ignored (with a warning) rather than refused: the default is used."""
 
 
+# The urfave/cli v2 flag type a setting has (or would have, for one the Go plugin lacks):
+# it decides what a variable that is set but empty means (see EMPTY_VARIABLE).
+STRING: Final = "string"
+INT: Final = "int"
+DURATION: Final = "duration"
+BOOL: Final = "bool"
+# urfave/cli v2.25.3 (the Go plugin's version) reads a variable with syscall.Getenv, so an
+# empty one is found; IntFlag.Apply and DurationFlag.Apply then skip it (`if val != ""`),
+# keeping the default without a word; BoolFlag.Apply sets false; StringFlag.Apply
+# applies the empty text, which the setting's own checks then judge. None: the default.
+EMPTY_VARIABLE: Final[Mapping[str, str | None]] = {
+    INT: None,
+    DURATION: None,
+    BOOL: "false",
+    STRING: "",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     """One setting: its flag, environment variable, default text and help."""
@@ -56,6 +77,9 @@ class Option:
     default: str
     help: str
     metavar: str
+    # STRING, INT, DURATION or BOOL: what an empty variable means, and (BOOL) that the
+    # flag alone means true and takes no separate value, as in Go's flag package.
+    kind: str
     # Turns the raw text (flag, variable or default) into the value; ConfigError if unusable.
     convert: Callable[[str], Any]
     # How --help names the default when the literal default means something else.
@@ -89,6 +113,8 @@ MODES: Final = (MODE_DEVICE_PLUGIN, MODE_DRA)
 
 def _path(raw: str) -> Path:
     if not raw.strip():
+        # Where the Go plugin is given an empty directory it fails at start too
+        # (os.MkdirAll("") in its Run).
         raise ConfigError("a path is required")
     if "\x00" in raw:
         raise ConfigError("path contains a NUL byte")
@@ -259,93 +285,98 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("mode", "--mode", "RBLN_MODE", MODE_DEVICE_PLUGIN,
            "which kubelet API serves the NPUs: device-plugin (extended resources through the "
            "device-plugin API) or dra (a DRA kubelet plugin: ResourceSlices and claims); one "
-           "node runs one of them", "device-plugin|dra", convert=_mode),
+           "node runs one of them", "device-plugin|dra", kind=STRING, convert=_mode),
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi",
            "directory of CDI spec files; stale transient specs are removed from it", "DIR",
-           convert=_host_dir),
+           kind=STRING, convert=_host_dir),
     Option("cdi_static_dir", "--cdi-static-dir", "CDI_STATIC_DIR", "/etc/cdi",
            "the other CDI spec directory the container runtimes read (read only); the daemon "
            "warns when neither holds a spec defining rebellions.ai/npu=runtime", "DIR",
-           convert=_host_dir),
+           kind=STRING, convert=_host_dir),
     Option("cdi_mode", "--cdi-mode", "CDI_MODE", "annotation",
            "how each container's CDI device reaches the runtime: annotation (as the Go "
            "plugin), field (the kubelet's cdi_devices, Kubernetes 1.28+) or both",
-           "annotation|field|both", convert=_cdi_mode),
+           "annotation|field|both", kind=STRING, convert=_cdi_mode),
     Option("kubelet_dir", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
            "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR",
-           convert=_host_dir),
+           kind=STRING, convert=_host_dir),
     Option("kubelet_plugins_registry_path", "--kubelet-plugins-registry-path",
            "KUBELET_PLUGINS_REGISTRY_PATH", "/var/lib/kubelet/plugins_registry",
            "dra mode: the kubelet's plugin-watcher directory (the registration socket goes "
-           "here)", "DIR", convert=_host_dir),
+           "here)", "DIR", kind=STRING, convert=_host_dir),
     Option("kubelet_plugins_path", "--kubelet-plugins-path", "KUBELET_PLUGINS_PATH",
            "/var/lib/kubelet/plugins",
            "dra mode: the kubelet's plugin directory; the driver's own directory below it "
            "holds the service socket, the checkpoint and the instance lock", "DIR",
-           convert=_host_dir),
+           kind=STRING, convert=_host_dir),
     Option("kubeconfig", "--kubeconfig", "KUBECONFIG", "",
            "dra mode: a kubeconfig file for the API server; empty: the pod's service account "
-           "(in-cluster)", "PATH", shown_default="in-cluster", convert=_optional_path),
+           "(in-cluster)", "PATH", shown_default="in-cluster", kind=STRING,
+           convert=_optional_path),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515",
            "TCP port of the gRPC health service, an integer as Go reads it; negative "
            "disables it, 0 picks a free port; a Kubernetes service link value "
-           "(tcp://host:port) is a warning and the default", "PORT", convert=_port),
+           "(tcp://host:port) is a warning and the default", "PORT", kind=INT, convert=_port),
     Option("scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL",
            format_duration(DEFAULT_SCAN_INTERVAL_S),
            "interval between device inventory scans, a Go duration such as 500ms, 5s, 1m30s "
            f"or 1h30m0s; positive and at most {format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION",
-           convert=_interval),
+           kind=DURATION, convert=_interval),
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "",
            "OTLP gRPC endpoint for allocation traces (host:port = insecure, https://... = TLS); "
-           "empty disables tracing", "ENDPOINT", convert=_text),
+           "empty disables tracing", "ENDPOINT", kind=STRING, convert=_text),
     Option("traces_exporter", "--otel-traces-exporter", "OTEL_TRACES_EXPORTER", "otlp",
            "otlp sends allocation traces to the OTLP endpoint when one is set; none keeps "
            "them off, for an endpoint that should get metrics only; empty means unset, any "
            "other value is a warning and ignored", "otlp|none",
-           convert=_traces_exporter),
+           kind=STRING, convert=_traces_exporter),
     Option("metrics_port", "--metrics-port", "METRICS_PORT", "-1",
            "TCP port of the Prometheus metrics endpoint (GET /metrics); negative disables it, "
            "0 picks a free port; a Kubernetes service link value (tcp://host:port) is a "
-           "warning and the default", "PORT", shown_default="-1 (off)", convert=_port),
+           "warning and the default", "PORT", shown_default="-1 (off)", kind=INT,
+           convert=_port),
     Option("metrics_otlp", "--metrics-otlp", "METRICS_OTLP", "false",
            "push metrics over OTLP to --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT, apart "
-           "from tracing", "BOOL", convert=_bool),
+           "from tracing", "BOOL", kind=BOOL, convert=_bool),
     Option("metrics_export_interval", "--metrics-export-interval", "METRICS_EXPORT_INTERVAL",
            format_duration(DEFAULT_METRICS_EXPORT_INTERVAL_S),
            "time between OTLP metric pushes, a Go duration; at least "
            f"{format_duration(MIN_METRICS_EXPORT_INTERVAL_S)} and at most "
-           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", convert=_export_interval),
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", kind=DURATION,
+           convert=_export_interval),
     Option("node_name", "--node-name", "NODE_NAME", "",
            "Kubernetes node name, recorded on traces as k8s.node.name; dra mode needs it (the "
-           "pool and the ResourceSlices are the node's)", "NAME", convert=_text),
+           "pool and the ResourceSlices are the node's)", "NAME", kind=STRING, convert=_text),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys",
-           "sysfs mount point (device status, PCI hierarchy, SR-IOV files)", "DIR", convert=_path),
+           "sysfs mount point (device status, PCI hierarchy, SR-IOV files)", "DIR", kind=STRING,
+           convert=_path),
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev",
            "directory of NPU and RSD device nodes on the host (absolute)", "DIR",
-           convert=_host_dir),
+           kind=STRING, convert=_host_dir),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI_PATH", "",
            "rbln-smi executable; when unset, the first executable rbln-smi in /usr/bin, "
            "/run/rbln/driver/usr/bin, /host/usr/bin, /host/driver/usr/bin, then PATH", "PATH",
-           shown_default="search", convert=_optional_path),
+           shown_default="search", kind=STRING, convert=_optional_path),
     Option("rsd_lock_path", "--rsd-lock-path", "RSD_LOCK_PATH", "/var/run/rbln-rsd-group.lock",
            "lock file serialising RSD group changes between processes (absolute, in a "
            "directory below /; not a directory or a symlink); the instance lock a second "
-           "instance waits on lies beside it", "PATH", convert=_lock_file),
+           "instance waits on lies beside it", "PATH", kind=STRING, convert=_lock_file),
     Option("installation", "--installation", "RBLN_INSTALLATION", "",
            "the identity of the installation this instance belongs to (the chart: namespace/"
            "DaemonSet name); a successor of the same installation takes over from a running "
            "instance while both are registered (a surge upgrade) instead of waiting for it "
-           "to exit; empty: never hand over or take over", "NAME", convert=_installation),
+           "to exit; empty: never hand over or take over", "NAME", kind=STRING,
+           convert=_installation),
     Option("scan_stall_limit", "--scan-stall-limit", "SCAN_STALL_LIMIT",
            format_duration(DEFAULT_SCAN_STALL_LIMIT_S),
            "a device scan still running after this long turns the liveness health service "
            "NOT_SERVING until it finishes (the chart's probe then restarts the pod); a Go "
            "duration, at least three scan intervals (at least 1s; a floor of at most "
            f"{format_duration(DEFAULT_SCAN_STALL_LIMIT_S)}) and at most "
-           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", convert=_limit),
+           f"{format_duration(MAX_SCAN_INTERVAL_S)}", "DURATION", kind=DURATION, convert=_limit),
     Option("test_file_device_nodes", "--test-file-device-nodes", "RBLN_TEST_FILE_DEVICE_NODES",
            "false", "TEST ONLY (the simulated node): accept regular files where device nodes "
-           "belong; never set it on a real node", "BOOL", convert=_bool),
+           "belong; never set it on a real node", "BOOL", kind=BOOL, convert=_bool),
 )  # fmt: skip
 
 _UNIX_SOCKET_PATH_MAX: Final = 107
@@ -452,6 +483,17 @@ def _origin(option: Option, source: str) -> str:
     return f"{option.flag} (default)"
 
 
+def _from_environment(option: Option, environ: Mapping[str, str]) -> str | None:
+    """The variable's text as the setting reads it; None: take the default."""
+    raw = environ.get(option.env)
+    if raw is None:
+        return None
+    # OpenTelemetry's rule for its own variables: an empty one (or only spaces) is unset.
+    if option.env.startswith(_OTEL_PREFIX) and not raw.strip():
+        return None
+    return EMPTY_VARIABLE[option.kind] if raw == "" else raw
+
+
 def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     """Build the Config from parsed flag values (None = not given) and the environment."""
     values: dict[str, Any] = {}
@@ -460,10 +502,7 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
     for option in OPTIONS:
         raw, source = flags.get(option.field), "flag"
         if raw is None:
-            raw, source = environ.get(option.env), "env"
-            # OpenTelemetry's rule for its own variables: an empty one is unset.
-            if raw is not None and option.env.startswith(_OTEL_PREFIX) and not raw.strip():
-                raw = None
+            raw, source = _from_environment(option, environ), "env"
         if raw is None:
             raw, source = option.default, "default"
         sources[option.field] = source
@@ -474,7 +513,10 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
             values[option.field] = option.convert(option.default)
             sources[option.field] = "default"
         except ConfigError as exc:
-            raise ConfigError(f"{_origin(option, source)}: {exc}") from None
+            hint = ""
+            if source == "env" and not raw:
+                hint = "; the variable is set but empty: unset it for the default"
+            raise ConfigError(f"{_origin(option, source)}: {exc}{hint}") from None
     config = Config(**values, sources=sources, ignored=tuple(ignored))
     floor = stall_limit_floor(config.scan_interval)
     if config.scan_stall_limit < floor:
