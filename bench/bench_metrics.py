@@ -91,7 +91,7 @@ async def idle_rows(window: float) -> list[Row]:
             ("metrics off", []),
             ("Prometheus endpoint, scraped every 15 s", ["--metrics-port", str(port)]),
             ("OTLP push every 15 s", ["--otlp-endpoint", f"127.0.0.1:{sink_port}",
-                                      "--metrics-otlp", "true",
+                                      "--metrics-otlp",
                                       "--metrics-export-interval", "15s"]),
         ]  # fmt: skip
         for label, args in variants:

@@ -37,7 +37,7 @@ _SHUTIL_WIDTH = (
 )
 # OTLP export on (to a port nothing listens on): the OpenTelemetry SDK imports
 # importlib.metadata, and with it zipfile, shutil, bz2 and lzma.
-OTLP = ("--otlp-endpoint", "127.0.0.1:9", "--metrics-otlp", "true")
+OTLP = ("--otlp-endpoint", "127.0.0.1:9", "--metrics-otlp")
 # name -> (the rebinding, the daemon's extra flags)
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "every tweak": ("pass", ()),

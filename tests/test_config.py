@@ -63,7 +63,9 @@ def test_flag_beats_env_beats_default(
     expected_flag: object, expected_env: object,
 ) -> None:  # fmt: skip
     assert getattr(resolve([], {env: env_value}), field) == expected_env
-    assert getattr(resolve([flag, flag_value], {env: env_value}), field) == expected_flag
+    # A boolean flag takes no separate word (Go's flag package): only "=value".
+    spaced = [flag, flag_value] if flag_value not in ("true", "false") else [f"{flag}={flag_value}"]
+    assert getattr(resolve(spaced, {env: env_value}), field) == expected_flag
     assert getattr(resolve([f"{flag}={flag_value}"]), field) == expected_flag
 
 
@@ -183,10 +185,14 @@ def test_a_value_that_is_exactly_two_dashes_is_that_text_as_in_go() -> None:
             resolve([f"{flag}=--"])
 
 
-def test_a_missing_value_is_still_a_usage_error() -> None:
-    with pytest.raises(options.UsageError, match="expected one argument"):
+def test_the_next_word_is_the_value_even_a_flag_as_in_go() -> None:
+    # Go's flag package: "value is the next arg", whatever it is; "/x" is then an argument.
+    with pytest.raises(options.UsageError, match=r"^arguments not supported: \[/x\]$"):
         resolve(["--device-scan-interval", "--cdi-root", "/x"])
-    with pytest.raises(options.UsageError):
+    assert resolve(["--node-name", "--cdi-root"]).node_name == "--cdi-root"
+    with pytest.raises(options.UsageError, match=r"^flag needs an argument: --cdi-root$"):
+        resolve(["--cdi-root"])
+    with pytest.raises(options.UsageError, match=r"^arguments not supported: \[--node-name -x\]"):
         resolve(["--", "--node-name", "-x"])
 
 
@@ -205,7 +211,7 @@ def test_test_only_device_node_setting_takes_go_booleans_only(raw: str) -> None:
     with pytest.raises(
         options.UsageError, match=r"^--test-file-device-nodes \(command line\):.*not a boolean"
     ):
-        resolve(["--test-file-device-nodes", raw])
+        resolve([f"--test-file-device-nodes={raw}"])
     assert resolve([], {"RBLN_TEST_FILE_DEVICE_NODES": "T"}).test_file_device_nodes is True
 
 
@@ -255,7 +261,7 @@ def test_a_directory_named_with_dots_is_still_a_directory() -> None:
 @pytest.mark.parametrize(
     ("value", "problem"),
     [("true", False), ("F", False), ("0", False), (" false ", True), ("false\n", True),
-     ("maybe", True), ("yes", True), ("", True)],
+     ("maybe", True), ("yes", True), ("", False)],
 )  # fmt: skip
 def test_operator_variable_that_is_not_a_boolean_is_named_and_ignored(
     value: str, problem: bool
@@ -277,7 +283,7 @@ def test_origin_names_what_supplied_each_setting() -> None:
 
 def test_otlp_metrics_need_the_collector_endpoint() -> None:
     with pytest.raises(options.UsageError) as caught:
-        resolve(["--metrics-otlp", "true"])
+        resolve(["--metrics-otlp"])
     assert str(caught.value) == (
         "--metrics-otlp (command line): OTLP metrics need a collector; "
         "set --otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -290,7 +296,7 @@ def test_otlp_metrics_need_the_collector_endpoint() -> None:
     ("argv", "named"),
     [(["--metrics-port", "65536"], "--metrics-port (command line): "),
      (["--metrics-port", "x"], "--metrics-port (command line): "),
-     (["--metrics-otlp", "maybe"], "--metrics-otlp (command line): "),
+     (["--metrics-otlp=maybe"], "--metrics-otlp (command line): "),
      (["--metrics-export-interval", "0s"], "--metrics-export-interval (command line): "),
      (["--metrics-export-interval", "25h"], "--metrics-export-interval (command line): ")],
 )  # fmt: skip

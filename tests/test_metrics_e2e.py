@@ -198,7 +198,7 @@ async def test_the_otlp_receiver_gets_the_same_data_points_as_the_scrape() -> No
         metrics_receiver() as (receiver, port),
         running(
             "rebel-4", interval="1h", level="info",
-            extra_args=[*ON, "--otlp-endpoint", f"127.0.0.1:{port}", "--metrics-otlp", "true",
+            extra_args=[*ON, "--otlp-endpoint", f"127.0.0.1:{port}", "--metrics-otlp",
                         "--metrics-export-interval", "1s", "--node-name", "node-a"],
         ) as h,
     ):  # fmt: skip

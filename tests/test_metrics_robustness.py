@@ -30,7 +30,7 @@ async def test_a_broken_collector_never_delays_allocations_or_the_probe(mode: st
     async with metrics_receiver(hang=True) as (collector, hanging_port):
         port = free_port() if mode == "unreachable" else hanging_port
         args = [*HEALTH, "--metrics-port", "0", "--otlp-endpoint", f"127.0.0.1:{port}",
-                "--metrics-otlp", "true", "--metrics-export-interval", "1s"]  # fmt: skip
+                "--metrics-otlp", "--metrics-export-interval", "1s"]  # fmt: skip
         async with running("rebel-4", extra_args=args, level="info") as h:
             await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
             probe = await health_port(h.daemon)
@@ -142,7 +142,7 @@ async def test_with_metrics_off_the_daemon_loads_nothing_new(metrics_on: bool) -
 async def test_an_unusable_otlp_endpoint_costs_the_push_not_the_prometheus_endpoint() -> None:
     async with running(
         "rebel-4", level="info",
-        extra_args=["--metrics-port", "0", "--metrics-otlp", "true",
+        extra_args=["--metrics-port", "0", "--metrics-otlp",
                     "--otlp-endpoint", "collector"],
     ) as h:  # fmt: skip
         (failed,) = await h.daemon.await_log(

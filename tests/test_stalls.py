@@ -360,7 +360,7 @@ async def test_a_directory_at_a_device_node_path_fails_the_allocation() -> None:
 
 
 async def test_a_regular_file_is_no_device_node_without_the_test_only_setting() -> None:
-    async with launch("rebel-4", extra_args=["--test-file-device-nodes", "false"]) as h:
+    async with launch("rebel-4", extra_args=["--test-file-device-nodes=false"]) as h:
         await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
         message = await rejected(h, NPU, [["rbln1"]])
         assert f"{h.node.dev_root / 'rbln1'} is a regular file, not a device node" in message

@@ -272,7 +272,7 @@ async def test_traces_switched_off_leave_the_endpoint_to_metrics() -> None:
     try:
         async with running(
             "rebel-4", level="info", env={"OTEL_TRACES_EXPORTER": "none"},
-            extra_args=["--otlp-endpoint", f"127.0.0.1:{port}", "--metrics-otlp", "true",
+            extra_args=["--otlp-endpoint", f"127.0.0.1:{port}", "--metrics-otlp",
                         "--metrics-export-interval", "1s"],
         ) as h:  # fmt: skip
             (off,) = await h.daemon.await_log("Distributed tracing disabled; traces switched off")

@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NoReturn
 
-from rbln_device_plugin import __version__, config, processtweaks
+from rbln_device_plugin import __version__, config, goflags, processtweaks
 from rbln_device_plugin.telemetry import logs
 
 EXIT_OK: Final = 0
@@ -92,41 +92,28 @@ def build_parser(
     return parser
 
 
-def attach_dash_values(argv: Sequence[str], value_flags: frozenset[str]) -> list[str]:
-    """``--flag -1s`` -> ``--flag=-1s`` for every flag that takes a value.
+def flag_table(parser: argparse.ArgumentParser) -> goflags.FlagTable:
+    """Every flag of ``parser`` by its name, sorted the way Go's flag package treats it."""
 
-    argparse takes a separate argument that starts with "-" (other than a plain negative
-    number) for another flag and fails with "expected one argument". Like Go's flag
-    package, the word after a value flag is its value, so a negative duration gets the
-    same message, naming the flag and its variable, in both spellings. A word starting
-    with "--" is still left to argparse: that is a forgotten value, not a value.
-    Nothing after a bare "--" is touched.
-    """
-    out: list[str] = []
-    index = 0
-    while index < len(argv):
-        word = argv[index]
-        if word == "--":  # everything after it is positional: leave it to argparse
-            out.extend(argv[index:])
-            break
-        following = argv[index + 1] if index + 1 < len(argv) else None
-        if (
-            word in value_flags
-            and following is not None
-            and following.startswith("-")
-            and not following.startswith("--")
-        ):
-            out.append(f"{word}={following}")
-            index += 2
-            continue
-        out.append(word)
-        index += 1
-    return out
+    def by_name(spellings: frozenset[str]) -> dict[str, str]:
+        return {spelling.lstrip("-"): spelling for spelling in spellings}
+
+    booleans = frozenset(o.flag for o in config.OPTIONS if o.kind == config.BOOL)
+    return goflags.FlagTable(
+        values=by_name(processtweaks.value_flags(parser) - booleans),
+        booleans=by_name(booleans),
+        switches=by_name(processtweaks.switch_flags(parser)),
+    )
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    """Parse ``argv`` with Go's rule for values that start with "-" (see above)."""
-    namespace = parser.parse_args(attach_dash_values(argv, processtweaks.value_flags(parser)))
+    """Parse ``argv`` by Go's flag package rules (see ``goflags``): every flag with one
+    dash or two, ``-flag value`` or ``-flag=value``, a boolean alone or ``=true|false``."""
+    try:
+        words = goflags.normalise(argv, flag_table(parser))
+    except goflags.FlagError as exc:
+        raise UsageError(str(exc)) from None
+    namespace = parser.parse_args(words)
     for name, value in vars(namespace).items():
         # argparse drops a value that is exactly "--" (``--cdi-root=--``) and leaves an
         # empty list; Go's flag package keeps the text. Every value flag here takes one word.

@@ -142,7 +142,7 @@ def value_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
     """Every option string of ``parser`` that takes a value (a plain store action).
 
     Saves no memory: it lets ``--flag -1s`` mean ``--flag=-1s`` as with Go's flag package
-    (see ``options.attach_dash_values``). Relies on: ``ArgumentParser._actions`` and
+    (see ``goflags``). Relies on: ``ArgumentParser._actions`` and
     ``argparse._StoreAction`` (both private); argparse has no public way to list the
     actions a parser holds.
     """
@@ -151,6 +151,18 @@ def value_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
         for action in parser._actions
         if isinstance(action, argparse._StoreAction)
         for flag in action.option_strings
+    )
+
+
+def switch_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """Every option string of ``parser`` that takes no value (``-h``, ``--help``,
+    ``--version``).
+
+    Saves no memory: with ``value_flags`` it lets the command line be read by Go's flag
+    rules (see ``goflags``). Relies on: ``ArgumentParser._actions`` (private).
+    """
+    return frozenset(
+        flag for action in parser._actions if action.nargs == 0 for flag in action.option_strings
     )
 
 

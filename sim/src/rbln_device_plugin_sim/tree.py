@@ -103,7 +103,7 @@ class NodePaths:
             "--healthcheck-port", "-1",
             "--device-scan-interval", scan_interval,
             # The simulated /dev holds regular files: no character devices without root.
-            "--test-file-device-nodes", "true",
+            "--test-file-device-nodes",
         ]  # fmt: skip
 
     def status_path(self, name: str) -> Path:
