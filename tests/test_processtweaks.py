@@ -109,6 +109,33 @@ def test_value_flags_are_the_store_actions_flags() -> None:
     assert processtweaks.value_flags(parser) == {"--value", "-v", "--number", "--grouped"}
 
 
+def test_switch_flags_are_the_flags_that_take_no_value() -> None:
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_argument("--value", "-v")
+    parser.add_argument("--version", action="version", version="1")
+    assert processtweaks.switch_flags(parser) == {"-h", "--help", "--version"}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--mode=dra"], ["-mode=dra"], ["--mode", "dra"], ["-mode", "dra"],
+     ["-node-name", "n1", "-mode", "dra"], ["--node-name=n1", "--mode=dra"],
+     ["-installation", "--mode", "-mode", "dra"], ["-metrics-port=7", "--mode", "dra"],
+     ["-mode=device-plugin"], ["--mode", "device-plugin", "-node-name", "--mode"],
+     ["-node-name", "-mode"], []],
+)  # fmt: skip
+def test_tls_is_kept_wherever_options_reads_dra_mode(argv: list[str]) -> None:
+    """needs_tls runs before options exists and reads less; where options reads dra mode
+    from a command line (one dash or two, either value form), TLS must be there."""
+    from rbln_device_plugin import options
+
+    mode = options.parse(argv, {"NODE_NAME": "n1"}).mode
+    if mode == "dra":
+        assert processtweaks.needs_tls(argv, {}) is True
+    else:
+        assert mode == processtweaks.MODE_WITHOUT_TLS
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_malloc_trim_is_found_on_glibc() -> None:
     assert processtweaks.release_free_heap() is True
