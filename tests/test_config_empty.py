@@ -82,6 +82,12 @@ def test_an_empty_number_or_duration_is_the_documented_default(name: str, value:
     assert getattr(resolve({name: ""}), option.field) == value
 
 
+@pytest.mark.parametrize("name", ["METRICS_OTLP", "RBLN_TEST_FILE_DEVICE_NODES"])
+def test_an_empty_boolean_variable_is_false(name: str) -> None:
+    cfg = options.parse([], {name: "", "OTEL_EXPORTER_OTLP_ENDPOINT": "c:1"})
+    assert cfg.metrics_otlp is False and cfg.test_file_device_nodes is False
+
+
 def test_an_empty_path_is_refused_with_how_to_get_the_default() -> None:
     with pytest.raises(options.UsageError) as caught:
         resolve({"CDI_ROOT": ""})

@@ -80,12 +80,17 @@ def build_parser(
     )
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
     for option in config.OPTIONS:
+        # A boolean takes no separate word (Go's flag package): help shows it alone or
+        # with "=". goflags hands argparse every value after "=", so nargs shapes help only.
+        boolean = option.kind == config.BOOL
         parser.add_argument(
             option.flag,
             dest=option.field,
-            metavar=option.metavar,
+            metavar="=true|false" if boolean else option.metavar,
+            nargs="?" if boolean else None,
             default=None,
-            help=f"{option.help} [env {option.env}; default {option.help_default}]"
+            help=f"{option.help}{'; alone: true' if boolean else ''} "
+            f"[env {option.env}; default {option.help_default}]"
             if option in shown
             else argparse.SUPPRESS,
         )
@@ -108,7 +113,8 @@ def flag_table(parser: argparse.ArgumentParser) -> goflags.FlagTable:
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse ``argv`` by Go's flag package rules (see ``goflags``): every flag with one
-    dash or two, ``-flag value`` or ``-flag=value``, a boolean alone or ``=true|false``."""
+    dash or two, ``-flag value`` or ``-flag=value``, a boolean alone or ``=true|false``;
+    ``-h``, ``-help`` and ``-version`` in either dash form too."""
     try:
         words = goflags.normalise(argv, flag_table(parser))
     except goflags.FlagError as exc:
@@ -136,6 +142,8 @@ def daemon_parser() -> argparse.ArgumentParser:
     return build_parser(
         PROG,
         "Kubernetes device plugin for Rebellions NPUs.",
+        "Flags are read as Go's flag package reads them: one dash or two, -flag value or "
+        "-flag=value, a boolean flag alone or as -flag=false. "
         "A flag beats its environment variable, which beats the default. Logging is "
         f"set only through environment variables: {logs.LEVEL_ENV} accepts "
         f"{logs.describe_levels()} (default {logs.DEFAULT_LEVEL}); {logs.FORMAT_ENV} "
