@@ -88,6 +88,8 @@ def build_parser(
             dest=option.field,
             metavar="=true|false" if boolean else option.metavar,
             nargs="?" if boolean else None,
+            # argparse drops a value that is exactly "--" and then takes const: the text.
+            const="--" if boolean else None,
             default=None,
             help=f"{option.help}{'; alone: true' if boolean else ''} "
             f"[env {option.env}; default {option.help_default}]"
