@@ -31,6 +31,7 @@ TIERS: tuple[frozenset[str], ...] = (
             "api",
             "durations",
             "goints",
+            "goflags",
             "processtweaks",
             "shorten",
             "signalcatch",
