@@ -31,35 +31,62 @@ async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> bool
     return any(event.is_set() for event in events)
 
 
-async def wait_set(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
-    """``wait_any`` for one event: no task of its own, so it suits a loop that waits once a
-    turn (the scan loop); True when the event is set."""
-    if not event.is_set():
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await event.wait()
-    return event.is_set()
-
-
 async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     """Run ``work``; cancel it when ``stop`` is set first. True when it completed.
 
     What ``work`` raised is raised here. Whatever happens, ``work`` has finished (its
     cleanup included) when this returns or raises; a cancellation of the caller itself
-    is passed on, never taken for the cancellation of ``work``.
+    is passed on, never taken for the cancellation of ``work``. A caller that runs work
+    again and again under the same stop (the scan loop) keeps one ``StopScope``.
     """
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        # The two futures' own cancellations are results there; a cancellation of the
-        # caller is raised (see aiotasks). What ``work`` raised is raised below.
-        await aiotasks.cancel_and_wait(task, stopped)
-    if task.cancelled():
-        return False
-    task.result()
-    return True
+    async with StopScope(stop) as scope:
+        return await scope.run(work)
+
+
+class StopScope:
+    """Runs work one piece at a time, each cancelled when ``stop`` is set (as
+    ``unless_stopped``): one task waits for the stop for the scope's whole life, where
+    ``unless_stopped`` alone starts two tasks a run."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        self._running: asyncio.Future[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> StopScope:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._watch is not None:
+            await aiotasks.cancel_and_wait(self._watch)
+
+    async def _cancel_on_stop(self) -> None:
+        await self._stop.wait()
+        if self._running is not None:
+            self._running.cancel()
+
+    async def run(self, work: Awaitable[None]) -> bool:
+        """``work`` to its end, or cancelled by the stop (False); see ``unless_stopped``."""
+        task = self._running = asyncio.ensure_future(work)
+        if self._watch is None:  # started after the first work: that work starts first
+            self._watch = aiotasks.start(self._cancel_on_stop(), "stop-scope")
+        if self._stop.is_set():
+            task.cancel()  # set before this run: the watch has already acted
+        caller = asyncio.current_task()
+        cancels = caller.cancelling() if caller is not None else 0
+        try:
+            # A cancelled caller cancels ``task`` and resumes once it has ended.
+            await task
+        except asyncio.CancelledError:
+            if caller is not None and caller.cancelling() > cancels:
+                raise  # the caller's own cancellation
+            return False
+        finally:
+            self._running = None
+        if caller is not None and caller.cancelling() > cancels:
+            # ``work`` swallowed the cancellation the caller passed on: it ended, pass it on.
+            raise asyncio.CancelledError
+        return True
 
 
 async def in_thread(run: Callable[[], T], name: str) -> T:

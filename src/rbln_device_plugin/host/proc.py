@@ -70,8 +70,9 @@ class _Child:
 
     No transports, protocols or child watcher: each Allocate runs the tool twice, and
     asyncio's subprocess machinery costs more loop turns than the tool itself. The pipes
-    are non-blocking and read as they turn readable; the exit is a pidfd turning readable
-    (or, without pidfds, a 10 ms poll once both pipes are closed). Nothing blocks.
+    are non-blocking and read as they turn readable; once both are closed the exit is
+    looked at, and when it is not there yet, waited for on a pidfd turning readable (or,
+    without pidfds, a 10 ms poll). Nothing blocks.
     """
 
     def __init__(self, process: subprocess.Popen[bytes], cap: int) -> None:
@@ -91,9 +92,9 @@ class _Child:
         for fd in self._chunks:
             os.set_blocking(fd, False)
             self._loop.add_reader(fd, self._readable, fd)
-        self._pidfd = _pidfd(self.pid)
-        if self._pidfd is not None:
-            self._loop.add_reader(self._pidfd, self._exited)
+        # Opened once both pipes closed and the exit is not known yet: a tool that closes
+        # its output by exiting has usually exited by then, and needs no exit watch.
+        self._pidfd: int | None = None
 
     # ------------------------------------------------------------ loop callbacks
     def _wake(self) -> None:
@@ -113,8 +114,8 @@ class _Child:
         if not chunk:
             self._loop.remove_reader(fd)
             self._open.discard(fd)
-            if not self._open and self._pidfd is None:
-                self._poll_exit()
+            if not self._open:
+                self._watch_exit()
             self._wake()
             return
         if self._discard:
@@ -134,6 +135,18 @@ class _Child:
         self._returncode = returncode
         self._close_pidfd()
         self._wake()
+
+    def _watch_exit(self) -> None:
+        """Both pipes closed: the exit now, else once the pidfd turns readable (or a poll)."""
+        returncode = self.process.poll()
+        if returncode is not None:
+            self._returncode = returncode
+            return
+        self._pidfd = _pidfd(self.pid)
+        if self._pidfd is None:
+            self._poll_exit()
+        else:
+            self._loop.add_reader(self._pidfd, self._exited)
 
     def _poll_exit(self) -> None:
         returncode = self.process.poll()
@@ -185,6 +198,8 @@ class _Child:
 
     def close(self) -> None:
         """Stop watching; close our ends. An unreaped process is left to ``subprocess``."""
+        if self._returncode is None:
+            self.process.poll()  # reaped if it exited (killed, its pipes held elsewhere)
         for fd in list(self._open):
             self._loop.remove_reader(fd)
         self._open.clear()

@@ -112,6 +112,8 @@ class KubeletSession:
         self.handed_over = False
         self._other_leaving_until = 0.0
         self._reconciled = False
+        # True while ``run`` waits for the next event: nothing is being handled.
+        self._waiting = False
         # Set once every offered resource is registered (after the first reconcile).
         self.registered = asyncio.Event()
 
@@ -129,7 +131,14 @@ class KubeletSession:
         new socket by itself (a scan's second question, right after rbln-smi ran). With
         ``look`` the watch is relied on likewise until it reports a change or the backup
         look is due (``model.looks``).
+
+        Without a look due, and with the session handling nothing and nothing queued,
+        the answer is given here: the event would be handled at once with the same
+        answer, and its trip through the queue costs two turns of the loop a question.
         """
+        if self._waiting and self.events.empty() and not self._socket_look_due(look):
+            self._note_restarts()
+            return self.kubelet is Kubelet.RESTARTED
         event = RestartDue(asyncio.get_running_loop().create_future(), look)
         self.events.put_nowait(event)
         return await event.done
@@ -164,9 +173,12 @@ class KubeletSession:
         watcher = aiotasks.start(self.watch.run(stop, self.events), "kubelet-watch")
         try:
             while True:
+                self._waiting = True
                 event = await self.events.get()
+                self._waiting = False
                 await self._handle(event)
         finally:
+            self._waiting = False
             await aiotasks.cancel_and_wait(watcher, title="kubelet session")
 
     async def _handle(self, event: SessionEvent) -> None:
@@ -186,9 +198,8 @@ class KubeletSession:
         self._note_restarts()
         match event:
             case RestartDue(done=due, look=look):
-                now = asyncio.get_running_loop().time()
-                if (look and self._socket_looks.due(now)) or self.watch.mode != "inotify":
-                    self._socket_looks.looking(now)
+                if self._socket_look_due(look):
+                    self._socket_looks.looking(asyncio.get_running_loop().time())
                     await self._check_kubelet_socket()
                 else:
                     self._note_restarts()
@@ -219,6 +230,12 @@ class KubeletSession:
                         if again:
                             await self.stop_plugins()
                         self._wake_scan.set()  # register whatever is not registered
+
+    def _socket_look_due(self, look: bool) -> bool:
+        """Whether a scan's question looks at kubelet.sock itself (see ``restart_due``)."""
+        if self.watch.mode != "inotify":
+            return True
+        return look and self._socket_looks.due(asyncio.get_running_loop().time())
 
     def _note_restarts(self) -> None:
         """Every new kubelet.sock any check found (the watch's, a scan's, a judgement's):

@@ -28,7 +28,7 @@ from rbln_device_plugin.kubelet.session import KubeletSession
 from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
 from rbln_device_plugin.telemetry.logs import get_logger
-from rbln_device_plugin.waits import unless_stopped, wait_set
+from rbln_device_plugin.waits import StopScope
 
 log = get_logger()
 
@@ -120,26 +120,35 @@ class Manager:
         cdi_watch = aiotasks.start(self.cdi_check.watch(stop), "cdi-spec-watch")
         # The stop wakes the wait between scans, which then waits on one event alone.
         stopping = aiotasks.start(_relay(stop, self._wake), "scan-loop-stop")
-        loop = asyncio.get_running_loop()
-        interval = self._config.scan_interval
-        next_scan = loop.time()
         try:
-            while not stop.is_set():
-                if not await unless_stopped(self._scan_once(), stop):
-                    break
-                if self.scans == 1:
-                    await self._hooks.first_scan()
-                now = loop.time()
-                if next_scan <= now:
-                    next_scan += interval
-                    if next_scan <= now:  # a scan outlasted the interval: skip, don't pile up
-                        next_scan = now + interval
-                # Woken early (kubelet restart, lost stream): reconcile now, keep the schedule.
-                await wait_set(self._wake, max(0.0, next_scan - loop.time()))
-                self._wake.clear()
+            async with StopScope(stop) as scans:  # a stop cancels the scan under way
+                await self._scan_loop(stop, scans)
         finally:
             await aiotasks.cancel_and_wait(session, cdi_watch, stopping, title="scan loop")
             await self.session.stop_plugins()
+
+    async def _scan_loop(self, stop: asyncio.Event, scans: StopScope) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._config.scan_interval
+        next_scan = loop.time()
+        while not stop.is_set():
+            if not await scans.run(self._scan_once()):
+                break
+            if self.scans == 1:
+                await self._hooks.first_scan()
+            now = loop.time()
+            if next_scan <= now:
+                next_scan += interval
+                if next_scan <= now:  # a scan outlasted the interval: skip, don't pile up
+                    next_scan = now + interval
+            # Woken early (kubelet restart, lost stream): reconcile now, keep the schedule.
+            # The timer sets the same event: an idle turn raises and catches no timeout.
+            timer = loop.call_at(next_scan, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+            self._wake.clear()
 
     async def _scan_once(self) -> None:
         await self._hooks.scan_start()
