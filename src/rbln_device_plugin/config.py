@@ -102,7 +102,7 @@ TRACES_EXPORTERS: Final = ("otlp", "none")
 MIN_METRICS_EXPORT_INTERVAL_S: Final = 1.0
 MIN_SCAN_STALL_LIMIT_S: Final = 1.0
 # How Allocate names the CDI device: the annotation (as the Go plugin), the device plugin
-# API's cdi_devices field (kubelet 1.28+), or both.
+# API's cdi_devices field (kubelet 1.29+, or 1.28 with the DevicePluginCDIDevices gate), or both.
 CDI_MODES: Final = ("annotation", "field", "both")
 # Which kubelet API the daemon serves: one node runs one (the kubelet refuses an extended
 # resource offered both through a device plugin and through a DRA DeviceClass).
@@ -295,7 +295,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
            kind=STRING, convert=_host_dir),
     Option("cdi_mode", "--cdi-mode", "CDI_MODE", "annotation",
            "how each container's CDI device reaches the runtime: annotation (as the Go "
-           "plugin), field (the kubelet's cdi_devices, Kubernetes 1.28+) or both",
+           "plugin), field (the kubelet's cdi_devices: Kubernetes 1.29+, or 1.28 with the "
+           "DevicePluginCDIDevices feature gate on) or both",
            "annotation|field|both", kind=STRING, convert=_cdi_mode),
     Option("kubelet_dir", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
            "/var/lib/kubelet/device-plugins", "kubelet device-plugin socket directory", "DIR",

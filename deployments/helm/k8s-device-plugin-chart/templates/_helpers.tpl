@@ -213,7 +213,7 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- end }}
 {{- $cdiMode := dig "cdiMode" "annotation" $plugin }}
 {{- if not (has $cdiMode (list "annotation" "field" "both")) }}
-{{- fail (printf "devicePlugin.cdiMode: %q is not a CDI mode: annotation (the cdi.k8s.io annotation, as the Go plugin), field (the kubelet's cdi_devices, Kubernetes 1.28+) or both" (toString $cdiMode)) }}
+{{- fail (printf "devicePlugin.cdiMode: %q is not a CDI mode: annotation (the cdi.k8s.io annotation, as the Go plugin), field (the kubelet's cdi_devices: Kubernetes 1.29+, or 1.28 with the DevicePluginCDIDevices feature gate on) or both" (toString $cdiMode)) }}
 {{- end }}
 {{- $metrics := $plugin.metrics }}
 {{- if and $metrics.otlp.enabled (not $plugin.otlpEndpoint) }}
