@@ -19,6 +19,7 @@ tests/test_readme_commands.py.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -372,3 +373,29 @@ def test_every_test_module_the_testing_page_names_exists() -> None:
     assert len(named) >= 20
     missing = [n for n in sorted(named) if not list((REPO / "tests").glob(n))]
     assert not missing, f"docs/testing.md names test modules that do not exist: {missing}"
+
+
+# -- the inspect report ------------------------------------------------------------------
+
+
+def _json_report_table() -> str:
+    text = page("troubleshooting.md")
+    section = text.split("## The JSON report", 1)[1]
+    return section.split("\n## ", 1)[0]
+
+
+def test_the_json_report_table_names_every_key_and_kind_of_the_schema() -> None:
+    schema = json.loads((SRC / "inspect" / "report.schema.json").read_text(encoding="utf-8"))
+    table = _json_report_table()
+    first_cells = {
+        key.strip("`[] ")
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for key in row.split("|")[1].split(",")
+    }
+    assert first_cells == set(schema["properties"])
+    named = backticked(table)
+    kinds = schema["$defs"]["problem"]["properties"]["kind"]["enum"]
+    why_not = schema["$defs"]["whyNotKind"]["enum"]
+    assert set(kinds) - named == set()
+    assert set(why_not) - named == set()
