@@ -43,7 +43,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from rbln_device_plugin.api.pluginregistration.v1 import api_pb2 as reg
 from rbln_device_plugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from rbln_device_plugin.dra import names
-from rbln_device_plugin_sim.kubelet import KubeletStub
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 from rbln_device_plugin_sim.processes import stop_process
@@ -52,7 +51,7 @@ from tests.dra_kubelet import KubeletSide
 from tests.test_dra_mode import NODE, allocate
 
 from . import cli
-from .bench_daemon import recorded_smi_ms, rss_mib, timed_smi, wrapper_cost_ms
+from .bench_daemon import node_with_daemon, recorded_smi_ms, rss_mib, timed_smi, wrapper_cost_ms
 
 Row = dict[str, Any]
 LAYOUT = "atom-max-8"  # 32 whole NPUs
@@ -245,23 +244,10 @@ async def writes_per_scan(
 
 async def device_plugin_rss(window_s: float) -> float:
     """The same node in device-plugin mode after the same window: RSS (MiB)."""
-    root = short_tempdir("rbln-bench-dp-")
-    node = materialize(preset(LAYOUT), root / "node")
-    kubelet = KubeletStub(node.kubelet_dir)
-    await kubelet.start()
-    env = {**os.environ, "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "error"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rbln_device_plugin", *node.daemon_args("100ms")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
-    try:
+    async with node_with_daemon(preset(LAYOUT), "100ms") as (_, kubelet, proc, _):
         await kubelet.wait_for("rebellions.ai/npu", lambda v: v.messages > 0, 30)
         await asyncio.sleep(1.0 + window_s)
         return rss_mib(proc.pid)
-    finally:
-        stop_process(proc)
-        await kubelet.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def idle_python_rss() -> float:
