@@ -7,13 +7,17 @@ module's files, the packages, tags and environment) exists, otherwise built now 
 temporary directory that is renamed into place only when every binary linked, so an
 interrupted build never leaves a half-filled cache entry. Go's own module and build
 caches make a rebuild after a pin change fast. A cold build takes minutes on 2 cores,
-so it prints a progress line at least every 30 s.
+so it prints a progress line at least every 30 s: the packages compiled of those the build
+plans (``go build -n`` lists them, ``go build -v`` names each as it is done) and the time
+left, estimated from the last build of the same binary (``timings.json`` in the cache).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -96,9 +100,15 @@ def cached(target: GoTarget, root: Path) -> Path | None:
     return None
 
 
+Progress = Callable[[float], str]  # seconds since start -> the progress line
+
+
 def _run_with_progress(
-    argv: list[str], cwd: Path, env: Mapping[str, str], what: str, say: Say, log: Path
+    argv: list[str], cwd: Path, env: Mapping[str, str], progress: Progress, say: Say, log: Path
 ) -> None:
+    """Run ``argv`` with its output in ``log``, saying ``progress(elapsed)`` every
+    ``PROGRESS_EVERY_S``; the first line of the progress text names the step in errors."""
+    what = progress(0.0).split(":")[0]
     started = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
@@ -114,7 +124,7 @@ def _run_with_progress(
                     raise GoBuildError(f"{what}: no result within {BUILD_TIMEOUT_S:g} s")
                 if now - last >= PROGRESS_EVERY_S:
                     last = now
-                    say(f"{what}: still building ({now - started:.0f} s)")
+                    say(progress(now - started))
         except BaseException:
             if proc.poll() is None:
                 proc.kill()
@@ -123,6 +133,74 @@ def _run_with_progress(
     if proc.returncode != 0:
         output = log.read_text(errors="replace")[-4000:]
         raise GoBuildError(f"{what} failed (exit {proc.returncode}):\n{output}")
+
+
+# `go build -n` prints, without running them, the commands a build still needs: one
+# compiler run per package that Go's build cache does not hold.
+_COMPILE_MARK: Final = "/compile -o "
+_TIMINGS: Final = "timings.json"
+
+
+def compiles_planned(dry_run_output: str) -> int:
+    """How many packages a ``go build -n`` transcript would compile."""
+    return sum(1 for line in dry_run_output.splitlines() if _COMPILE_MARK in line)
+
+
+def compiled_so_far(verbose_output: str) -> int:
+    """Packages ``go build -v`` has compiled: it names each one on a line of its own as it
+    is compiled (cached packages are not named); ``go:`` lines are the tool's notes."""
+    return sum(
+        1 for line in verbose_output.splitlines() if line and not line.startswith(("go:", "#"))
+    )
+
+
+@dataclass(frozen=True)
+class LastBuild:
+    """A finished build of one binary: its wall time and how many packages it compiled."""
+
+    seconds: float
+    compiled: int
+
+
+def load_timings(root: Path) -> dict[str, LastBuild]:
+    try:
+        raw = json.loads((root / _TIMINGS).read_text())
+        return {k: LastBuild(float(v["seconds"]), int(v["compiled"])) for k, v in raw.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}  # no record (or one this code cannot read): no estimate, never a failure
+
+
+def save_timing(root: Path, key: str, last: LastBuild) -> None:
+    timings = load_timings(root)
+    timings[key] = last
+    data = {k: {"seconds": round(v.seconds, 1), "compiled": v.compiled} for k, v in timings.items()}
+    tmp = root / f".{_TIMINGS}.{os.getpid()}"
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(root / _TIMINGS)
+
+
+def progress_line(
+    what: str, elapsed: float, done: int, planned: int, last: LastBuild | None
+) -> str:
+    """``what: <done> of <planned> packages compiled (<elapsed> s[, about <n> s left])``.
+
+    The estimate scales the last build of the same binary by the packages this one plans
+    (a build after a pin change compiles fewer); without a last build, by this build's own
+    pace once a tenth of it is done."""
+    if planned == 0:
+        return f"{what}: linking ({elapsed:.0f} s)"
+    text = f"{what}: {min(done, planned)} of {planned} packages compiled ({elapsed:.0f} s"
+    expected: float | None = None
+    basis = ""
+    if last is not None and last.compiled > 0:
+        expected, basis = last.seconds * planned / last.compiled, "the last build's pace"
+    elif done >= max(1, planned // 10):
+        expected, basis = elapsed * planned / done, "this build's pace"
+    if expected is not None and expected - elapsed >= 0.5:
+        text += f"; about {expected - elapsed:.0f} s left by {basis}"
+    elif expected is not None:
+        text += f"; past the {expected:.0f} s expected by {basis}"
+    return text + ")"
 
 
 def build(target: GoTarget, root: Path, say: Say = print) -> tuple[Path, float, bool]:
@@ -143,15 +221,33 @@ def build(target: GoTarget, root: Path, say: Say = print) -> tuple[Path, float, 
     }
     started = time.monotonic()
     try:
+        timings = load_timings(root)
         for binary in target.binaries:
             argv = ["go", "build", *target.flags]
             if binary.tags:
                 argv += ["-tags", ",".join(binary.tags)]
             argv += ["-o", str(partial / binary.name), binary.package]
             what = f"go build {binary.name} ({target.name})"
+            key = f"{target.name}/{binary.name}"
             say(f"{what}: building ({go_version()})")
-            _run_with_progress(argv, target.module, env, what, say, partial / ".build.log")
-        (partial / ".build.log").unlink(missing_ok=True)
+            # The dry run also fetches any module the build needs, which takes minutes
+            # on an empty module cache: it reports progress like the build.
+            plan = partial / ".plan.log"
+            _run_with_progress(
+                [*argv[:2], "-n", *argv[2:]], target.module, env,
+                lambda s, w=what: f"{w}: fetching modules, listing packages ({s:.0f} s)",
+                say, plan,
+            )  # fmt: skip
+            planned = compiles_planned(plan.read_text(errors="replace"))
+            log = partial / ".build.log"
+            line = functools.partial(_build_progress, what, log, planned, timings.get(key))
+            say(line(0.0))
+            begun = time.monotonic()
+            _run_with_progress([*argv[:2], "-v", *argv[2:]], target.module, env, line, say, log)
+            if planned:
+                save_timing(root, key, LastBuild(time.monotonic() - begun, planned))
+        for scratch in (".build.log", ".plan.log"):
+            (partial / scratch).unlink(missing_ok=True)
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
     finally:
@@ -161,3 +257,13 @@ def build(target: GoTarget, root: Path, say: Say = print) -> tuple[Path, float, 
         if stale != final and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     return final, time.monotonic() - started, False
+
+
+def _build_progress(
+    what: str, log: Path, planned: int, last: LastBuild | None, elapsed: float
+) -> str:
+    try:
+        done = compiled_so_far(log.read_text(errors="replace"))
+    except OSError:
+        done = 0
+    return progress_line(what, elapsed, done, planned, last)

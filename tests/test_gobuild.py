@@ -141,3 +141,92 @@ def test_the_kubelet_peer_compiles_like_the_real_node_kubelet_of_its_release(
     assert peer.flags == tuple(f for f in kubelet.flags if not f.startswith("-ldflags"))
     (kubelet_binary,) = (b for b in kubelet.binaries if b.package == KUBELET)
     assert all(b.tags == kubelet_binary.tags for b in peer.binaries)
+
+
+# ---------------------------------------------------------------- progress lines
+
+
+def test_the_plan_counts_one_package_per_compiler_run() -> None:
+    transcript = "\n".join(
+        [
+            "mkdir -p $WORK/b006/",
+            "/usr/local/go/pkg/tool/linux_amd64/compile -o $WORK/b006/_pkg_.a -p internal/goarch",
+            "cat >$WORK/b001/importcfg.link << 'EOF' # internal",
+            "/usr/local/go/pkg/tool/linux_amd64/compile -o $WORK/b005/_pkg_.a -p internal/abi",
+            "/usr/local/go/pkg/tool/linux_amd64/link -o $WORK/b001/exe/a.out",
+        ]
+    )
+    assert gobuild.compiles_planned(transcript) == 2
+    assert gobuild.compiles_planned("mkdir -p $WORK/b001/\n/x/link -o a.out\n") == 0
+
+
+def test_the_verbose_build_counts_the_packages_it_names() -> None:
+    log = "go: downloading k8s.io/klog/v2 v2.130.1\ninternal/goarch\nk8s.io/klog/v2\n\nm\n"
+    assert gobuild.compiled_so_far(log) == 3
+
+
+def test_the_progress_line_says_how_far_and_how_long() -> None:
+    line = gobuild.progress_line
+    assert line("go build kubelet (k)", 0, 0, 0, None) == "go build kubelet (k): linking (0 s)"
+    # No last build: no estimate until a tenth is done, then by this build's pace.
+    assert line("b", 30, 50, 1000, None) == "b: 50 of 1000 packages compiled (30 s)"
+    assert line("b", 60, 200, 1000, None) == (
+        "b: 200 of 1000 packages compiled (60 s; about 240 s left by this build's pace)"
+    )
+    # The last build compiled 1200 packages in 600 s; this one plans 600 of them.
+    last = gobuild.LastBuild(600.0, 1200)
+    assert line("b", 100, 300, 600, last) == (
+        "b: 300 of 600 packages compiled (100 s; about 200 s left by the last build's pace)"
+    )
+    assert line("b", 400, 599, 600, last) == (
+        "b: 599 of 600 packages compiled (400 s; past the 300 s expected by the last build's pace)"
+    )
+
+
+def test_a_timings_file_that_cannot_be_read_gives_no_estimate(tmp_path: Path) -> None:
+    assert gobuild.load_timings(tmp_path) == {}
+    for junk in ("", "[1]", '{"a": {"seconds": "x", "compiled": 1}}', '{"a": 3}'):
+        (tmp_path / "timings.json").write_text(junk)
+        assert gobuild.load_timings(tmp_path) == {}, junk
+    gobuild.save_timing(tmp_path, "t/b", gobuild.LastBuild(12.34, 7))
+    gobuild.save_timing(tmp_path, "t/c", gobuild.LastBuild(1.0, 1))
+    assert gobuild.load_timings(tmp_path) == {
+        "t/b": gobuild.LastBuild(12.3, 7),
+        "t/c": gobuild.LastBuild(1.0, 1),
+    }
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="Go toolchain not found on PATH")
+def test_a_real_build_reports_its_plan_and_the_next_one_an_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two builds of a small module with its own package, each with an empty Go build
+    cache: the first line names the packages to compile (the two of the module and the
+    standard library's that it imports), the second build's lines estimate its time from
+    the first's record."""
+    module = tmp_path / "mod"
+    (module / "greet").mkdir(parents=True)
+    (module / "go.mod").write_text("module m\n\ngo 1.22\n")
+    (module / "greet" / "greet.go").write_text("package greet\n\nconst Hello = 1\n")
+    (module / "main.go").write_text(
+        'package main\n\nimport "m/greet"\n\nfunc main() { _ = greet.Hello }\n'
+    )
+    target = gobuild.GoTarget("m", module, (gobuild.GoBinary(".", "m"),), env=gobuild.STATIC_ENV)
+    root = tmp_path / "cache"
+    for attempt in ("first", "second"):
+        monkeypatch.setenv("GOCACHE", str(tmp_path / f"gocache-{attempt}"))
+        said: list[str] = []
+        directory, _, was_cached = gobuild.build(target, root, said.append)
+        assert not was_cached and (directory / "m").is_file()
+        (first_count,) = [s for s in said if "packages compiled (0 s" in s]
+        planned = int(first_count.split(" of ")[1].split()[0])
+        assert planned >= 2, said  # at least m and m/greet; runtime's packages too
+        if attempt == "first":
+            assert "left by" not in first_count, said
+            record = gobuild.load_timings(root)["m/m"]
+            assert record.compiled == planned
+        else:
+            assert "by the last build's pace" in first_count, said
+        (module / "main.go").write_text(
+            'package main\n\nimport "m/greet"\n\nfunc main() { println(greet.Hello) }\n'
+        )
