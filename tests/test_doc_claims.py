@@ -134,6 +134,8 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/test_readme_commands.py::test_simulator_demo_and_troubleshooting_commands_run_as_printed",
     ("docs/troubleshooting.md", "every record, by situation"):
         "tests/test_docs.py::test_every_record_message_is_in_the_logging_page",
+    ("docs/simulator.md", "every metric is described in"):
+        "tests/test_metrics_recorder.py::test_the_readme_lists_exactly_the_metrics_with_type_and_labels",
     ("docs/troubleshooting.md", "names every path it tried"):
         "tests/test_inspect_cli.py::test_missing_rbln_smi_names_every_path_tried",
     ("docs/troubleshooting.md", "(then every record, including"):
