@@ -265,6 +265,16 @@ def test_static_check_target_passes_without_a_docker_engine(tmp_path: Path) -> N
     assert f"rbln_device_plugin-{_build_version.DEFAULT}-py3-none-any.whl" in done.stdout
 
 
+def test_check_without_the_development_tools_says_what_to_install(tmp_path: Path) -> None:
+    done = run(
+        ["make", "-s", "-f", str(MAKEFILE), "check", f"VENV_BIN={tmp_path / 'none'}"],
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "hadolint: not found" in done.stderr and "run 'make install'" in done.stderr
+    assert "No such file or directory" not in done.stderr
+
+
 def test_lock_pins_every_runtime_dependency_with_hashes() -> None:
     text = LOCK.read_text().replace("\\\n", " ")
     pins = [line.split()[0] for line in text.splitlines() if line and not line.startswith(" ")

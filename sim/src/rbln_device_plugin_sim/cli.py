@@ -2,7 +2,8 @@
 
 Every command says what it did. Commands that change the node act on the files under
 ``--root``; ``preferred``, ``allocate`` and ``restart-kubelet`` ask the ``serve`` running
-on that root to act as the kubelet (see ``control``).
+on that root to act as the kubelet (see ``control``); ``probe`` asks the daemon's health
+service as the kubelet's gRPC probes do.
 """
 
 from __future__ import annotations
@@ -106,6 +107,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wait", type=float, default=10.0, help="seconds to wait for re-registration [10]"
     )
+
+    p = sub.add_parser(
+        "probe", help="ask the daemon's health service as a gRPC probe does (exit 0: SERVING)"
+    )
+    p.add_argument("service", help="liveness, readiness, registered, or '' (the server)")
+    p.add_argument("--port", type=int, required=True, help="the daemon's --healthcheck-port")
+    p.add_argument("--host", default="127.0.0.1", help="[127.0.0.1]")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds, as the chart's [5]")
     return parser
 
 
@@ -132,6 +141,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(DemoConfig(keep=args.keep))
 
 
+def _probe(args: argparse.Namespace) -> int:
+    from rbln_device_plugin_sim.probecmd import probe  # grpc loads only to probe
+
+    return probe(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from rbln_device_plugin_sim.servecmd import serve  # grpc loads only to serve
 
@@ -143,6 +158,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _demo,
     "materialize": nodecmds.materialize_cmd,
     "serve": _serve,
+    "probe": _probe,
     "set-status": nodecmds.set_status,
     "add-device": nodecmds.add_device,
     "remove-device": nodecmds.remove_device,

@@ -1,6 +1,6 @@
 """grpc.health.v1 service on a TCP port: what the chart's probes and operators ask.
 
-Three service names, each with one meaning (any other name answers NOT_FOUND):
+Four service names, each with one meaning (any other name answers NOT_FOUND):
 
 - ``liveness``: the process is alive and making progress. SERVING from the moment the
   server starts, also while a second instance waits for the instance lock (waiting is
