@@ -146,7 +146,14 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- fail "devicePlugin.surgeHandover needs the health service (containers.plugin.healthcheckPort): its readiness probe tells when the new pod serves" }}
 {{- end }}
 {{- end }}
+{{- /* The Go chart's image would run the Go plugin with this chart's probes: its health
+service has no "readiness", so no pod would ever turn ready. */}}
+{{- if regexMatch "^((docker\\.io|index\\.docker\\.io|registry-1\\.docker\\.io)/)?rebellions/k8s-device-plugin$" (toString .Values.image.repository) }}
+{{- fail (printf "image.repository: %s is the Go plugin's image, which never turns ready under this chart's readiness probe; set image.repository (and image.tag) to this plugin's image where it was pushed, e.g. <registry>/k8s-device-plugin (make -f deployments/container/Makefile build IMAGE_NAME=<registry>/k8s-device-plugin PUSH_ON_BUILD=true)" .Values.image.repository) }}
+{{- end }}
 {{- $interval := $plugin.deviceScanInterval }}
+{{- /* Empty or null: the plugin's default, as a Go values file without the key gets. */}}
+{{- if not (include "rbln-device-plugin.unset" $interval) }}
 {{- if not (kindIs "string" $interval) }}
 {{- fail (printf "devicePlugin.deviceScanInterval: %v is a number, but the plugin needs a Go duration with a unit, such as %vs or %vms (use --set-string, or quotes in a values file)" $interval $interval $interval) }}
 {{- end }}
@@ -159,6 +166,7 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- end }}
 {{- if not (gt $seconds 0.0) }}
 {{- fail (printf "devicePlugin.deviceScanInterval: %s is not a positive duration" $interval) }}
+{{- end }}
 {{- end }}
 {{- $examples := dict "kubeletDevicePluginPath" "/var/lib/kubelet/device-plugins" "cdiRoot" "/var/run/cdi" "cdiStaticDir" "/etc/cdi" }}
 {{- $hostDirs := dict "kubeletDevicePluginPath" $plugin.kubeletDevicePluginPath "cdiRoot" $plugin.cdiRoot "cdiStaticDir" (dig "cdiStaticDir" "/etc/cdi" $plugin) }}
@@ -219,9 +227,11 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- if and $metrics.otlp.enabled (not $plugin.otlpEndpoint) }}
 {{- fail "devicePlugin.metrics.otlp.enabled: OTLP metrics need devicePlugin.otlpEndpoint (the collector)" }}
 {{- end }}
+{{- if not (include "rbln-device-plugin.unset" $metrics.otlp.exportInterval) }}
 {{- $export := include "rbln-device-plugin.durationSeconds" $metrics.otlp.exportInterval | float64 }}
 {{- if or (gt $export 86400.0) (lt $export 1.0) }}
 {{- fail (printf "devicePlugin.metrics.otlp.exportInterval: %s is not a duration from 1s to 24h" $metrics.otlp.exportInterval) }}
+{{- end }}
 {{- end }}
 {{- if and $metrics.service.enabled (not $metrics.prometheus.enabled) }}
 {{- fail "devicePlugin.metrics.service.enabled: the Service needs devicePlugin.metrics.prometheus.enabled" }}
@@ -229,8 +239,9 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- if and $metrics.serviceMonitor.enabled (not $metrics.service.enabled) }}
 {{- fail "devicePlugin.metrics.serviceMonitor.enabled: the ServiceMonitor needs devicePlugin.metrics.service.enabled" }}
 {{- end }}
-{{- if and $metrics.prometheus.enabled (eq (int $metrics.prometheus.port) (int $plugin.containers.plugin.healthcheckPort)) }}
-{{- fail (printf "devicePlugin.metrics.prometheus.port: %d is already the health port (devicePlugin.containers.plugin.healthcheckPort)" (int $metrics.prometheus.port)) }}
+{{- $metricsPort := int (include "rbln-device-plugin.metricsPort" .) }}
+{{- if and $metrics.prometheus.enabled (eq $metricsPort (int (include "rbln-device-plugin.healthPort" .))) }}
+{{- fail (printf "devicePlugin.metrics.prometheus.port: %d is already the health port (devicePlugin.containers.plugin.healthcheckPort)" $metricsPort) }}
 {{- end }}
 {{- $interval := include "rbln-device-plugin.durationSeconds" $metrics.serviceMonitor.interval | float64 }}
 {{- $timeout := include "rbln-device-plugin.durationSeconds" $metrics.serviceMonitor.scrapeTimeout | float64 }}
@@ -278,4 +289,30 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- end }}
 {{- $_ := set $taken (clean .mountPath) (printf "the extra mount of %s" .name) }}
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when a value is empty or null, else nothing. Such a value of a setting the plugin reads
+from a variable means the plugin's default, as an empty variable does for the Go plugin
+(urfave/cli skips it).
+*/}}
+{{- define "rbln-device-plugin.unset" -}}
+{{- if or (kindIs "invalid" .) (eq (toString .) "") }}true{{ end }}
+{{- end }}
+
+{{/*
+The port the health server listens on: healthcheckPort, or the plugin's default (51515) when
+it is empty, as HEALTHCHECK_PORT="" gives.
+*/}}
+{{- define "rbln-device-plugin.healthPort" -}}
+{{- $port := .Values.devicePlugin.containers.plugin.healthcheckPort }}
+{{- if include "rbln-device-plugin.unset" $port }}51515{{ else }}{{ int $port }}{{ end }}
+{{- end }}
+
+{{/*
+The metrics endpoint's port when it is on (the chart's 9464 when the value is empty), else -1.
+*/}}
+{{- define "rbln-device-plugin.metricsPort" -}}
+{{- $prometheus := (.Values.devicePlugin.metrics | default dict).prometheus | default dict }}
+{{- if eq ($prometheus.enabled | default false) true }}{{ int ($prometheus.port | default 9464) }}{{ else }}-1{{ end }}
 {{- end }}
