@@ -72,7 +72,7 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/test_deploy_chart.py::test_chart_readme_documents_every_value",
     ("README.md", "silently drop every value a new chart version adds"):
         f"{NOT_A_LIST}: what Helm's --reuse-values does",
-    ("README.md", "every key of that chart has the same name, place and meaning"):
+    ("README.md", "every key of that chart has the same name and place here"):
         "tests/test_deploy_chart.py::test_go_chart_values_file_reaches_the_daemonset",
     ("README.md", "Every change is in"):
         f"{BY_REVIEW}: a behaviour difference from the Go plugin is found by reading both",
