@@ -16,7 +16,7 @@ from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.scan import Scanner
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.telemetry import metrics as m
-from rbln_device_plugin_sim.layout import preset
+from rbln_device_plugin_sim.layout import Layout, preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
 Entries = Mapping[str, Mapping[str, Entry]]
@@ -38,11 +38,11 @@ class ScannedNode:
 
 
 @asynccontextmanager
-async def scanned(layout: str) -> AsyncIterator[ScannedNode]:
+async def scanned(layout: str | Layout) -> AsyncIterator[ScannedNode]:
     root = short_tempdir()
     hostio = HostIO()
     try:
-        sim = materialize(preset(layout), root / "sim")
+        sim = materialize(preset(layout) if isinstance(layout, str) else layout, root / "sim")
         config = options.parse(sim.daemon_args("1h"), {})
         scanner = Scanner(sysfs_root=config.sysfs_root, smi_path=config.rbln_smi, hostio=hostio)
         found = NodeDevices(config, scanner, hostio, m.NOOP)

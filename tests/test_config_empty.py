@@ -114,7 +114,8 @@ def test_an_empty_number_from_the_command_line_is_refused_as_in_go() -> None:
 def test_an_empty_operator_variable_is_false_as_the_go_bool_flag_reads_it() -> None:
     environ = {config.IGNORED_ENV: ""}
     assert config.ignored_env_problem(environ) is None
-    assert config.legacy_names_requested(environ) == ""  # the "has no effect" warning
+    # the "has no effect" warning
+    assert config.legacy_names_requested(environ) == (config.IGNORED_ENV, "")
     assert config.legacy_names_requested({config.IGNORED_ENV: "true"}) is None
     assert resolve(environ) == resolve({})
 

@@ -33,8 +33,10 @@ def operator_env(tmp: Path, generic: str | None) -> dict[str, str]:
     return env
 
 
-def start_records(tmp: Path, generic: str | None) -> list[dict[str, object]]:
-    daemon = DaemonProcess([], env=operator_env(tmp, generic), level="info")
+def start_records(
+    tmp: Path, generic: str | None, args: list[str] | None = None
+) -> list[dict[str, object]]:
+    daemon = DaemonProcess(args or [], env=operator_env(tmp, generic), level="info")
     try:
         daemon.wait_for("Starting rbln-device-plugin")
         daemon.wait_for("Started healthcheck service")
@@ -76,3 +78,29 @@ def test_a_value_that_is_not_a_boolean_is_named_once_and_changes_nothing(
     assert warning["msg"] == "Invalid USE_GENERIC_RESOURCE_NAME, ignoring it"
     assert warning["value"] == value
     assert "is not a boolean" in warning["err"]
+
+
+# The older Go release's flag, as its DaemonSet passes it: the same meaning as the variable.
+@pytest.mark.parametrize(
+    ("args", "variable", "value"),
+    [
+        (["--use-generic-resource-name=false"], None, "false"),
+        (["-use-generic-resource-name=0"], "true", "0"),  # the flag beats the variable
+        (["--use-generic-resource-name"], "false", None),
+        (["-use-generic-resource-name=true"], "maybe", None),
+    ],
+)
+def test_the_older_go_flag_is_the_variable_s_twin(
+    short_tmp: Path, args: list[str], variable: str | None, value: str | None
+) -> None:
+    records = start_records(short_tmp, variable, args)
+    named = [r for r in records if "USE_GENERIC_RESOURCE_NAME" in str(r.get("msg"))]
+    if value is None:
+        assert named == []
+        return
+    (warning,) = named
+    assert (warning["level"], warning["msg"]) == ("warn", WARNING)
+    assert warning["flag"] == "--use-generic-resource-name"
+    assert "variable" not in warning
+    assert warning["value"] == value
+    assert warning["resourceNames"] == FIXED_NAMES

@@ -150,3 +150,63 @@ def test_inspect_reads_its_own_flags_by_the_same_rules() -> None:
     assert (request.output, request.preferred, str(request.config.sysfs_root)) == ("json", 2, "/s")
     with pytest.raises(options.UsageError, match=r"^flag provided but not defined: -bogus$"):
         inspect_command.parse(parser, ["-bogus"], {})
+
+
+LEGACY = "use-generic-resource-name"
+
+
+@pytest.mark.parametrize("dashes", ["-", "--"])
+@pytest.mark.parametrize(
+    ("suffix", "given", "warned"),
+    [
+        ("", "true", False),  # alone: true
+        ("=true", "true", False),
+        ("=T", "T", False),
+        ("=1", "1", False),
+        ("=false", "false", True),
+        ("=0", "0", True),
+        ("=F", "F", True),
+    ],
+)
+def test_the_older_go_release_s_generic_name_flag_is_accepted_in_every_go_form(
+    dashes: str, suffix: str, given: str, warned: bool
+) -> None:
+    # The older public Go release's --use-generic-resource-name: accepted and ignored, as
+    # its variable is; a false value is worth the variable's warning, naming the flag.
+    cfg = resolve([f"{dashes}{LEGACY}{suffix}"])
+    assert cfg == resolve([])  # it changes nothing else
+    assert cfg.legacy_names_flag == given
+    expected = (config.LEGACY_NAMES_FLAG, given) if warned else None
+    assert config.legacy_names_requested({}, cfg.legacy_names_flag) == expected
+    # The flag beats the variable, as in Go: a false or malformed variable is not read.
+    for variable in ("false", "maybe"):
+        environ = {config.IGNORED_ENV: variable}
+        assert config.legacy_names_requested(environ, cfg.legacy_names_flag) == expected
+        assert config.ignored_env_problem(environ, cfg.legacy_names_flag) is None
+
+
+@pytest.mark.parametrize("dashes", ["-", "--"])
+def test_the_generic_name_flag_is_refused_as_go_refuses_a_bad_boolean(dashes: str) -> None:
+    flag = f"{dashes}{LEGACY}"
+    with pytest.raises(options.UsageError) as caught:
+        resolve([f"{flag}=maybe"])
+    assert str(caught.value) == (
+        "--use-generic-resource-name (command line): 'maybe' is not a boolean (true or false)"
+    )
+    with pytest.raises(options.UsageError) as caught:
+        resolve([flag, "false"])
+    assert str(caught.value) == (
+        f"arguments not supported: [false] (a boolean flag takes no separate value: {flag}=false)"
+    )
+
+
+def test_help_lists_the_generic_name_flag_as_accepted_for_compatibility() -> None:
+    text = " ".join(options.daemon_parser().format_help().split())
+    assert (
+        "--use-generic-resource-name [=true|false] accepted for compatibility with the Go "
+        "plugin's older release, and ignored: resource names are fixed"
+    ) in text
+    assert "[env USE_GENERIC_RESOURCE_NAME]" in text
+    # inspect takes it (one command line for every command) but its help leaves it out.
+    assert LEGACY not in inspect_command.build_parser().format_help()
+    assert inspect_command.parse(inspect_command.build_parser(), [f"-{LEGACY}=0"], {})

@@ -385,25 +385,43 @@ def test_unreadable_pci_link() -> None:
         done = inspect(node)
         document, code = report(node)
     # rbln1's placement is degraded, but it is still advertised and healthy. rbln3's PCI
-    # directory is gone altogether: a REBEL PF whose partitioning cannot be read is not
-    # guessed to be whole (it might host VFs), so it is not advertised: exit 1.
-    assert done.returncode == 1 and code == 1
-    assert summary(document)[NPU] == (3, 3, 0)
+    # directory is gone altogether while sysfs shows the others: a REBEL PF that rbln-smi
+    # lists no VFs of is offered whole with an unknown placement, as the Go plugin does.
+    assert done.returncode == 0 and code == 0
+    assert summary(document)[NPU] == (4, 4, 0)
     assert device(document, "rbln1")["pciPath"] is None
     assert "has no pciDDDD:BB host bridge" in device(document, "rbln1")["pciPathError"]
     rbln3 = node.layout.device("rbln3").bus_id
     assert device(document, "rbln3")["pciPathError"] == (
         f"{node.sysfs_root}/bus/pci/devices/{rbln3} does not exist"
     )
-    assert device(document, "rbln3")["resourceName"] is None
+    assert device(document, "rbln3")["resourceName"] == NPU
+    assert device(document, "rbln3")["inSysfs"] is True  # its driver class entry is there
     found = [(p["severity"], p["kind"], p["device"]) for p in document["problems"]]
     assert found == [
         ("warning", "pci-path-unreadable", "rbln1"),
-        ("error", "sysfs-unseen", "rbln3"),
+        ("warning", "pci-path-unreadable", "rbln3"),
     ]
-    assert "unreadable: " in table_line(done.stdout, "rbln1")
+    assert "does not exist" in table_line(done.stdout, "rbln3")
     assert done.stdout.splitlines()[-1] == (
-        "NOT OK: 3 devices advertised, 1 error, 1 warning (exit 1)"
+        "OK: 4 devices advertised, 0 errors, 2 warnings (exit 0)"
+    )
+
+
+def test_a_pf_sysfs_does_not_show_that_rbln_smi_lists_vfs_of_is_an_error() -> None:
+    with sim("rebel-sriov") as node:
+        node.pci_link(node.layout.device("rbln1").bus_id).unlink()
+        document, code = report(node)
+    assert code == 1
+    assert device(document, "rbln1")["resourceName"] is None
+    assert device(document, "rbln1")["whyNot"] == {
+        "kind": "sysfs-unseen",
+        "reason": "sysfs does not show it",
+    }
+    (finding,) = [p for p in document["problems"] if p["kind"] == "sysfs-unseen"]
+    assert finding["device"] == "rbln1"
+    assert finding["details"]["reason"] == (
+        "rbln-smi lists VFs of it: a PF hosting VFs is not advertised"
     )
 
 

@@ -222,6 +222,42 @@ def test_device_without_facts_is_a_pf_with_unknown_path() -> None:
     assert inv.resources[RESOURCE_NPU][0].pci_path is None
 
 
+UNSEEN = DeviceFacts(SriovFacts(unseen=True))
+
+
+@pytest.mark.parametrize(
+    ("records", "sysfs_missing", "offered"),
+    [
+        # One REBEL PF sysfs does not show: whole, with an unknown placement.
+        ([rec("rbln0", product="RBLN-CR13", pci_device_id="2130")], False, ["rbln0"]),
+        # ... unless rbln-smi lists VFs of it (rbln0-1, not rbln10-0) ...
+        (
+            [rec("rbln0", product="RBLN-CR13"), rec("rbln0-1", "0000:05:00.2", "RBLN-CR13")],
+            False,
+            [],
+        ),
+        (
+            [rec("rbln1", product="RBLN-CR13"), rec("rbln10-0", "0000:05:00.2", "RBLN-CR13")],
+            False,
+            ["rbln1"],
+        ),
+        # ... or it is a VF by its PCI device ID ...
+        ([rec("rbln0", product="RBLN-CR13", pci_device_id="2131")], False, []),
+        # ... or sysfs shows no PCI device at all: only ATOM PFs are known to be whole.
+        ([rec("rbln0", product="RBLN-CR13"), rec("rbln1", "0000:06:00.0")], True, ["rbln1"]),
+    ],
+)
+def test_a_device_sysfs_does_not_show(
+    records: list[SmiRecord], sysfs_missing: bool, offered: list[str]
+) -> None:
+    table = {r.bus_id: UNSEEN for r in records}
+    inv = classify(records, table, sysfs_missing=sysfs_missing)
+    assert [d.name for d in inv.resources.get(RESOURCE_NPU, ())] == offered
+    assert all(d.pci_path is None for d in inv.resources.get(RESOURCE_NPU, ()))
+    skipped = {str(p.fields["device"]) for p in inv.problems if p.kind == "sysfs-unseen"}
+    assert skipped == {r.name for r in records} - set(offered)
+
+
 # --------------------------------------------------------------------- device fields
 def test_device_carries_what_later_stages_need() -> None:
     record = rec(pci_device_id="1250", numa_node="1", sid="0000000022502229")

@@ -367,6 +367,21 @@ async def test_a_regular_file_is_no_device_node_without_the_test_only_setting() 
         assert not h.daemon.find("Test-only setting enabled: regular files pass as device nodes")
 
 
+async def test_a_fifo_at_a_device_node_path_fails_the_allocation() -> None:
+    # A privileged daemon must not hand a container a FIFO someone placed at /dev/rbln*:
+    # refused at the first look (never opened, so it cannot hang the call), named with
+    # its path and type; the other devices allocate as before.
+    async with launch("rebel-4") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        node_path = h.node.dev_root / "rbln2"
+        node_path.unlink()
+        os.mkfifo(node_path)
+        message = await rejected(h, NPU, [["rbln2", "rbln3"]])
+        assert f"{node_path} is a FIFO, not a device node" in message
+        response = await h.kubelet.allocate(NPU, [["rbln3"]])
+        assert len(response.container_responses) == 1
+
+
 # ---------------------------------------------------------------- 9. metadata changes
 async def test_chmod_or_chown_of_kubelet_sock_is_not_a_restart() -> None:
     async with launch("rebel-4") as h:

@@ -76,7 +76,7 @@ def _main(args: Sequence[str]) -> int:
         )
     for setting, value, reason in cfg.ignored:
         log.warning(IGNORED_SETTING_MSG, setting=setting, value=value, err=reason, usedDefault=True)
-    ignored_problem = config.ignored_env_problem(os.environ)
+    ignored_problem = config.ignored_env_problem(os.environ, cfg.legacy_names_flag)
     if ignored_problem is not None:
         log.warning(
             f"Invalid {config.IGNORED_ENV}, ignoring it",
@@ -84,12 +84,13 @@ def _main(args: Sequence[str]) -> int:
             value=os.environ.get(config.IGNORED_ENV),
             err=ignored_problem,
         )
-    legacy_names = config.legacy_names_requested(os.environ)
+    legacy_names = config.legacy_names_requested(os.environ, cfg.legacy_names_flag)
     if legacy_names is not None:
+        setting, value = legacy_names
         log.warning(
             f"{config.IGNORED_ENV}=false has no effect: resource names are fixed",
-            variable=config.IGNORED_ENV,
-            value=legacy_names,
+            **{"flag" if setting.startswith("-") else "variable": setting},
+            value=value,
             resourceNames=list(resources.RESOURCE_NAMES),
             hint="per-product names such as rebellions.ai/ATOM are not advertised; "
             "workloads must request the names above",

@@ -19,24 +19,41 @@ from rbln_device_plugin.model import resources
 
 # Set by the RBLN NPU operator for older plugins; resource names are fixed here.
 IGNORED_ENV: Final = "USE_GENERIC_RESOURCE_NAME"
+# The same setting as a flag, as the Go plugin's older public release has it (a urfave/cli
+# BoolFlag over IGNORED_ENV): accepted so a Go command line runs unchanged; it changes
+# nothing either. Its parsed value is ``LEGACY_NAMES_FIELD`` among the flag values.
+LEGACY_NAMES_FLAG: Final = "--use-generic-resource-name"
+LEGACY_NAMES_FIELD: Final = "use_generic_resource_name"
+LEGACY_NAMES_HELP: Final = (
+    "accepted for compatibility with the Go plugin's older release, and ignored: resource "
+    f"names are fixed ({', '.join(resources.RESOURCE_NAMES)}); a false value logs a warning"
+)
 
 
-def legacy_names_requested(environ: Mapping[str, str]) -> str | None:
-    """IGNORED_ENV's value when it asks for the old per-product resource names (gone).
+def legacy_names_requested(
+    environ: Mapping[str, str], flag: str | None = None
+) -> tuple[str, str] | None:
+    """(setting, value) when the flag, or else IGNORED_ENV, asks for the old per-product
+    resource names (gone); the setting is the flag or the variable, as given.
 
-    An empty value is false, as the Go plugin's BoolFlag reads it (urfave/cli v2)."""
+    The flag beats the variable, as in Go. An empty variable is false, as the Go plugin's
+    BoolFlag reads it (urfave/cli v2); the flag's value is a Go boolean (``config_from_settings``
+    refuses any other)."""
+    if flag is not None:
+        return (LEGACY_NAMES_FLAG, flag) if flag in GO_FALSE else None
     raw = environ.get(IGNORED_ENV)
-    return raw if raw is not None and (raw in GO_FALSE or raw == "") else None
+    return (IGNORED_ENV, raw) if raw is not None and (raw in GO_FALSE or raw == "") else None
 
 
-def ignored_env_problem(environ: Mapping[str, str]) -> str | None:
+def ignored_env_problem(environ: Mapping[str, str], flag: str | None = None) -> str | None:
     """Why IGNORED_ENV's value is not a boolean (the chart refuses it), or None.
 
-    The variable changes nothing, so a bad value is worth a warning, not a refusal.
+    The variable changes nothing, so a bad value is worth a warning, not a refusal. With
+    the flag given the variable is not read (the flag beats it).
     """
     raw = environ.get(IGNORED_ENV)
     # strconv.ParseBool's spellings, exactly; empty is false (see legacy_names_requested).
-    if raw is None or raw == "" or raw in GO_TRUE | GO_FALSE:
+    if flag is not None or raw is None or raw == "" or raw in GO_TRUE | GO_FALSE:
         return None
     return f"{IGNORED_ENV} (environment): {raw!r} is not a boolean (true or false); ignored"
 
@@ -423,6 +440,9 @@ class Config:
     # Values ignored in favour of the default, each (setting as its source spells it,
     # value, why): logged once at start.
     ignored: tuple[tuple[str, str, str], ...] = field(default=(), compare=False, repr=False)
+    # LEGACY_NAMES_FLAG as given (a Go boolean), None when not given: it changes nothing
+    # but the warning ``legacy_names_requested`` asks for.
+    legacy_names_flag: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def cdi_spec_dirs(self) -> tuple[Path, ...]:
@@ -453,7 +473,7 @@ class Config:
         """The resolved configuration as log fields."""
         out: dict[str, Any] = {}
         for item in fields(self):
-            if item.name in ("sources", "ignored"):
+            if item.name in ("sources", "ignored", "legacy_names_flag"):
                 continue
             value = getattr(self, item.name)
             if item.name in ("scan_interval", "metrics_export_interval", "scan_stall_limit"):
@@ -518,7 +538,13 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
             if source == "env" and not raw:
                 hint = "; the variable is set but empty: unset it for the default"
             raise ConfigError(f"{_origin(option, source)}: {exc}{hint}") from None
-    config = Config(**values, sources=sources, ignored=tuple(ignored))
+    legacy = flags.get(LEGACY_NAMES_FIELD)
+    if legacy is not None:
+        try:
+            _bool(legacy)  # Go's flag package refuses a value that is not a boolean
+        except ConfigError as exc:
+            raise ConfigError(f"{LEGACY_NAMES_FLAG} (command line): {exc}") from None
+    config = Config(**values, sources=sources, ignored=tuple(ignored), legacy_names_flag=legacy)
     floor = stall_limit_floor(config.scan_interval)
     if config.scan_stall_limit < floor:
         raise ConfigError(

@@ -96,6 +96,18 @@ def build_parser(
             if option in shown
             else argparse.SUPPRESS,
         )
+    parser.add_argument(
+        config.LEGACY_NAMES_FLAG,
+        dest=config.LEGACY_NAMES_FIELD,
+        metavar="=true|false",
+        nargs="?",
+        const="--",
+        default=None,
+        # It changes nothing a command does; the daemon's help names it for Go users.
+        help=f"{config.LEGACY_NAMES_HELP} [env {config.IGNORED_ENV}]"
+        if shown is config.OPTIONS
+        else argparse.SUPPRESS,
+    )
     return parser
 
 
@@ -105,7 +117,9 @@ def flag_table(parser: argparse.ArgumentParser) -> goflags.FlagTable:
     def by_name(spellings: frozenset[str]) -> dict[str, str]:
         return {spelling.lstrip("-"): spelling for spelling in spellings}
 
-    booleans = frozenset(o.flag for o in config.OPTIONS if o.kind == config.BOOL)
+    booleans = frozenset(o.flag for o in config.OPTIONS if o.kind == config.BOOL) | {
+        config.LEGACY_NAMES_FLAG
+    }
     return goflags.FlagTable(
         values=by_name(processtweaks.value_flags(parser) - booleans),
         booleans=by_name(booleans),

@@ -155,6 +155,9 @@ class Scanner:
         self._facts_complete = False  # every fact of the last inventory is in the cache
         # Some device's PCI directory did not exist in the last facts read.
         self._unseen = False
+        # The sysfs directories the last scan found missing with the PCI one (see
+        # ``sysfs.missing_roots``); () when sysfs shows PCI devices.
+        self._missing: tuple[str, ...] = ()
 
     def locate(self) -> Path:
         # Looked up per scan: the driver package may be installed after the daemon starts.
@@ -174,12 +177,8 @@ class Scanner:
             raise DiscoveryError(str(exc)) from exc
         inventory = await self.inventory(text)
         problems: Sequence[Problem] = inventory.problems
-        if self._unseen:  # only then can the whole root be missing: look why
-            missing = await self._hostio.call(
-                str(self.sysfs_root), partial(missing_roots, self.sysfs_root)
-            )
-            if not isinstance(missing, Stalled) and missing:  # a slow look proves nothing
-                problems = with_sysfs_missing(str(self.sysfs_root), missing, problems)
+        if self._missing:
+            problems = with_sysfs_missing(str(self.sysfs_root), self._missing, problems)
         self.problems.update(problems)
         return ScanResult(resources=inventory.resources, problems=tuple(problems))
 
@@ -205,12 +204,20 @@ class Scanner:
             self._last_inventory = None
             self.facts.listing_changed([record.bus_id for record in self._screening.kept])
         facts = await self._facts(self._screening.kept)
-        classified = inventory_from(self._screening, facts)
+        self._missing = await self._missing_roots() if self._unseen else ()
+        classified = inventory_from(self._screening, facts, sysfs_missing=bool(self._missing))
         inventory = Inventory(classified.resources, (*self._parse_problems, *classified.problems))
         self._last_inventory = inventory
         # Only this method changes the cache: what it holds now stays until the next read.
         self._facts_complete = self._facts_cached()
         return inventory
+
+    async def _missing_roots(self) -> tuple[str, ...]:
+        """Why a device was unseen: the sysfs directories that do not exist when the PCI one
+        is among them (a sysfs root that is not the host's), else () (one device is gone)."""
+        root = self.sysfs_root
+        missing = await self._hostio.call(str(root), partial(missing_roots, root))
+        return () if isinstance(missing, Stalled) else missing  # a slow look proves nothing
 
     def _facts_cached(self) -> bool:
         """Every kept record's facts are in the cache, and none was unseen (read again)."""

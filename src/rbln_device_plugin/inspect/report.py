@@ -37,6 +37,7 @@ from rbln_device_plugin.model.inventory import (
     parse_numa,
     resource_for,
     screen,
+    vf_hosts,
 )
 
 if TYPE_CHECKING:
@@ -214,7 +215,10 @@ class _Explainer:
         """Screening, classification and first-scan health: the daemon's own functions."""
         records = [parsed.record for parsed in self.host.smi.entries if parsed.record]
         screening = screen(records)
-        for resource, devices in inventory_from(screening, self.host.facts).resources.items():
+        missing = bool(self.host.sysfs_missing)
+        hosts = vf_hosts(screening.kept)
+        offered = inventory_from(screening, self.host.facts, sysfs_missing=missing).resources
+        for resource, devices in offered.items():
             table = DeviceTable(HealthHistory())  # a new plugin's: a first scan's verdicts
             table.apply_scan(devices, {device.name: self._reading(device) for device in devices})
             self.tables[resource] = dict(table.entries)
@@ -241,7 +245,9 @@ class _Explainer:
                 self.rows.append(self._advertised(row, resource, entry))
                 self.findings += _advertised_findings(resource, entry, facts)
                 continue
-            _, excluded = resource_for(record, facts.sriov)
+            _, excluded = resource_for(
+                record, facts.sriov, hosts_vfs=record.name in hosts, sysfs_missing=missing
+            )
             if excluded is None:  # a PF in a supported partition mode: its VFs carry it
                 why = WhyNot("hosting-vfs", _hosting(facts.sriov))
             else:

@@ -169,12 +169,15 @@ def screen(records: Iterable[SmiRecord]) -> Screening:
     return Screening(tuple(screen_records(records)))
 
 
-def inventory_from(screening: Screening, facts: Mapping[str, DeviceFacts]) -> Inventory:
+def inventory_from(
+    screening: Screening, facts: Mapping[str, DeviceFacts], *, sysfs_missing: bool = False
+) -> Inventory:
     """The second step: the kept records classified, with the problems of both steps.
 
     The scan and ``inspect`` both end here; ``facts`` need only cover the kept records.
+    ``sysfs_missing``: sysfs shows no PCI device at all (see ``resource_for``).
     """
-    inventory = classify(screening.kept, facts)
+    inventory = classify(screening.kept, facts, sysfs_missing=sysfs_missing)
     return Inventory(inventory.resources, (*screening.problems, *inventory.problems))
 
 
@@ -255,15 +258,27 @@ def looks_like_vf(record: SmiRecord) -> bool:
     return "-" in record.name or record.pci_device_id.lower().removeprefix("0x") in _VF_DEVICE_IDS
 
 
-def _unseen(record: SmiRecord) -> tuple[str | None, Problem | None]:
-    """Without sysfs: only a device that cannot be partitioned is known to be whole."""
-    if not looks_like_vf(record) and record.product.startswith(_WHOLE_ONLY_PRODUCT_PREFIX):
+def vf_hosts(records: Iterable[SmiRecord]) -> frozenset[str]:
+    """The PF names rbln-smi itself shows hosting VFs: ``rbln<N>`` for a listed ``rbln<N>-<K>``."""
+    return frozenset(r.name.split("-", 1)[0] for r in records if "-" in r.name)
+
+
+def _unseen(
+    record: SmiRecord, hosts_vfs: bool, sysfs_missing: bool
+) -> tuple[str | None, Problem | None]:
+    """A device whose PCI directory does not exist: nothing in sysfs says whether it is a VF
+    or hosts VFs. One such device is a PF with an unknown placement (the README: unknown
+    PCI information only affects that device) unless rbln-smi shows it is a VF or lists VFs
+    of it. Without any PCI device in sysfs no REBEL PF is guessed whole: a sysfs that is
+    not the host's hides every partitioned PF at once."""
+    if looks_like_vf(record):
+        reason = "a VF by its rbln-smi name or PCI device ID; its partition mode cannot be read"
+    elif hosts_vfs:
+        reason = "rbln-smi lists VFs of it: a PF hosting VFs is not advertised"
+    elif sysfs_missing and not record.product.startswith(_WHOLE_ONLY_PRODUCT_PREFIX):
+        reason = "a REBEL PF whose partitioning cannot be read: it may host VFs"
+    else:
         return RESOURCE_NPU, None
-    reason = (
-        "a VF by its rbln-smi name or PCI device ID; its partition mode cannot be read"
-        if looks_like_vf(record)
-        else "a REBEL PF whose partitioning cannot be read: it may host VFs"
-    )
     return None, Problem(f"{UNSEEN_KIND}:{record.name}:{record.bus_id}", UNSEEN_MSG,
                          _fields(record, reason=reason))  # fmt: skip
 
@@ -294,10 +309,17 @@ def with_sysfs_missing(
     return [summary, *(p for p in problems if p.kind != UNSEEN_KIND)]
 
 
-def resource_for(record: SmiRecord, sriov: SriovFacts) -> tuple[str | None, Problem | None]:
-    """The resource a device is advertised under, or None (with a Problem if noteworthy)."""
+def resource_for(
+    record: SmiRecord, sriov: SriovFacts, *, hosts_vfs: bool = False, sysfs_missing: bool = False
+) -> tuple[str | None, Problem | None]:
+    """The resource a device is advertised under, or None (with a Problem if noteworthy).
+
+    ``hosts_vfs``: rbln-smi lists VFs of this device (see ``vf_hosts``); ``sysfs_missing``:
+    sysfs shows no PCI device at all (see ``with_sysfs_missing``). Both matter only for a
+    device whose PCI directory does not exist.
+    """
     if sriov.unseen:
-        return _unseen(record)
+        return _unseen(record, hosts_vfs, sysfs_missing)
     if sriov.error:
         return None, Problem(
             f"sriov-indeterminate:{record.name}:{record.bus_id}",
@@ -333,7 +355,9 @@ def resource_for(record: SmiRecord, sriov: SriovFacts) -> tuple[str | None, Prob
     )
 
 
-def classify(records: Sequence[SmiRecord], facts: Mapping[str, DeviceFacts]) -> Inventory:
+def classify(
+    records: Sequence[SmiRecord], facts: Mapping[str, DeviceFacts], *, sysfs_missing: bool = False
+) -> Inventory:
     """Apply the SR-IOV rules to selected records (see ``select_records``).
 
     ``facts`` is keyed by lowercase bus ID; a device without an entry is treated as a
@@ -342,9 +366,12 @@ def classify(records: Sequence[SmiRecord], facts: Mapping[str, DeviceFacts]) -> 
     grouped: dict[str, list[Device]] = {}
     problems: list[Problem] = []
     missing = DeviceFacts()
+    hosts = vf_hosts(records)
     for record in records:
         device_facts = facts.get(record.bus_id, missing)
-        resource, problem = resource_for(record, device_facts.sriov)
+        resource, problem = resource_for(
+            record, device_facts.sriov, hosts_vfs=record.name in hosts, sysfs_missing=sysfs_missing
+        )
         if problem is not None:
             problems.append(problem)
         if resource is None:
