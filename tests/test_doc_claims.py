@@ -76,7 +76,7 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/test_deploy_chart.py::test_go_chart_values_file_reaches_the_daemonset",
     ("README.md", "Every change is in"):
         f"{BY_REVIEW}: a behaviour difference from the Go plugin is found by reading both",
-    ("README.md", "Every record is one JSON line on stdout"):
+    ("README.md", "Every record is one line on stdout"):
         "tests/test_cli.py::test_startup_logs_version_and_resolved_configuration",
     ("README.md", "every flag, environment variable and chart value, with defaults"):
         "tests/test_docs.py::test_every_flag_and_variable_of_help_is_documented_and_nothing_else",
