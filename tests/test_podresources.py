@@ -145,7 +145,9 @@ async def test_dra_mode_publishes_nothing_until_the_kubelet_answers(
     metrics = Counting()
     holds = _holds(node, "dra", hostio, metrics)
     with capture_logs() as logs:
-        assert await holds.withheld(_offered()) == {d.name for ds in _offered().values() for d in ds}
+        assert await holds.withheld(_offered()) == {
+            d.name for ds in _offered().values() for d in ds
+        }
         await holds.withheld(_offered())
     failed = [r for r in logs if r["event"] == READ_FAILED_MSG]
     assert len(failed) == 1 and failed[0]["log_level"] == "error"  # said once per reason
