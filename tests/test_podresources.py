@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 from structlog.testing import capture_logs
 
@@ -28,6 +29,7 @@ from rbln_device_plugin.kubelet.podresources import PodResourcesError, list_pods
 from rbln_device_plugin.model.holds import ClaimUse, ContainerUse, PodUse
 from rbln_device_plugin.telemetry import metrics as m
 
+from .inprocess import running
 from .podresources_server import FakePod, serving
 
 NPU, VF4 = "rebellions.ai/npu", "rebellions.ai/npu-vf4"
@@ -209,3 +211,29 @@ async def test_an_empty_setting_turns_the_look_off(node: SimpleNamespace, hostio
     assert cfg.kubelet_pod_resources_socket is None
     holds = OtherModeHolds(cfg, hostio, Counting())
     assert await holds.withheld(_offered()) == set() and holds.reads == 0
+
+
+async def test_the_device_plugin_mode_advertises_a_claims_device_once_its_pod_ends(
+    short_tmp: Path,
+) -> None:
+    """A node moved back from dra mode (its checkpoint holds a claim of rbln1 whose pod
+    runs): the kubelet is never sent rbln1, an Allocate of it is refused, and it is
+    advertised at the scan after the pod ended."""
+    plugins, socket = short_tmp / "plugins", short_tmp / "pr.sock"
+    (plugins / DRIVER).mkdir(parents=True)
+    _prepared(SimpleNamespace(checkpoint=plugins / DRIVER / "checkpoint.json"), {"u1": ["rbln1"]})
+    args = ["--kubelet-plugins-path", str(plugins), "--kubelet-pod-resources-socket", str(socket)]
+    async with serving(socket) as kubelet_pr:
+        kubelet_pr.active = [
+            FakePod("ml", "a", claims={"c": [("u1", [(DRIVER, "node-a", "rbln1")])]})
+        ]
+        async with running("rebel-4", extra_args=args, interval="200ms") as h:
+            first = await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 3)
+            assert first.messages == 1  # the first view sent already lacked rbln1
+            assert {d.ID for d in first.devices} == {"rbln0", "rbln2", "rbln3"}
+            with pytest.raises(grpc.aio.AioRpcError, match="unknown device IDs"):
+                await h.kubelet.allocate(NPU, [["rbln1"]])
+            kubelet_pr.active = []
+            await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+            (released,) = h.daemon.find(RELEASED_MSG)
+            assert released["device"] == "rbln1" and released["otherMode"] == "dra"
