@@ -28,7 +28,14 @@ from .realnode.workloads import (
     plugin_records,
     ready_plugin_pods,
 )
-from .test_realnode_dra import claim_template, plugin_said, pod_claim, published, run_claiming
+from .test_realnode_dra import (
+    allocated,
+    claim_template,
+    plugin_said,
+    pod_claim,
+    published,
+    run_claiming,
+)
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -88,11 +95,7 @@ def test_a_node_moves_to_dra_and_back_without_giving_an_npu_twice(realnode: Clus
     claimed = run_claiming(realnode, "dra-one", claim_template("one-npu", "npu.rebellions.ai", 1))
     running.append(claimed)
     (got,) = claimed.npus()
-    assert (
-        got not in held
-        and got
-        in pod_claim(realnode, "dra-one")["status"]["allocation"]["devices"]["results"][0]["device"]
-    )
+    assert got not in held and [got] == allocated(pod_claim(realnode, "dra-one"))
     assert_never_twice(realnode, running)
     first.delete()
     running.remove(first)
