@@ -122,11 +122,16 @@ def test_a_node_moves_to_dra_and_back_without_giving_an_npu_twice(realnode: Clus
     assert_never_twice(realnode, running)
     other.delete()
     running.remove(other)
-    # The claim's pod cannot finish deleting without a DRA plugin, but its containers stop
-    # and its NPU is advertised again.
+    # Without a DRA plugin the kubelet cannot unprepare the claim: a deleted pod stays
+    # Terminating and the kubelet keeps listing it, so its NPU stays kept back. Removed
+    # from the API server (its containers have stopped), it is listed no more.
     realnode.kubectl("delete", "pod", claimed.name, "--wait=false")
+    wait_for("the claim's pod Terminating", lambda: realnode.pod(claimed.name)["metadata"].get(
+        "deletionTimestamp"))  # fmt: skip
+    assert realnode.allocatable()[NPU] == EXPECTED[NPU] - 1
+    realnode.kubectl("delete", "pod", claimed.name, "--force", "--grace-period=0")
     wait_for(
-        "the claim's NPU advertised once its pod stopped",
+        "the claim's NPU advertised once its pod is gone",
         lambda: realnode.allocatable() == EXPECTED,
         diagnose=lambda: plugin_said(realnode),
     )
