@@ -8,13 +8,14 @@ STAMP := $(VENV)/.installed-stamp
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 # The device-plugin API (v1beta1), and the DRA front end's: the plugin watcher's
 # registration, the DRA plugin service (v1, v1beta1) and its health stream (v1, v1alpha1),
-# vendored from k8s.io/kubelet (proto/README.md). tests/test_proto.py regenerates the same list.
+# and the kubelet's PodResources API (v1) the mode switch reads, vendored from k8s.io/kubelet (proto/README.md). tests/test_proto.py regenerates the same list.
 PROTO_SRC := proto/rbln_device_plugin/api/v1beta1/api.proto \
 	proto/rbln_device_plugin/api/pluginregistration/v1/api.proto \
 	proto/rbln_device_plugin/api/dra/v1/api.proto \
 	proto/rbln_device_plugin/api/dra/v1beta1/api.proto \
 	proto/rbln_device_plugin/api/drahealth/v1/api.proto \
-	proto/rbln_device_plugin/api/drahealth/v1alpha1/api.proto
+	proto/rbln_device_plugin/api/drahealth/v1alpha1/api.proto \
+	proto/rbln_device_plugin/api/podresources/v1/api.proto
 
 .PHONY: install test test-banner lint typecheck pytest proto demo bench soak tools prometheus e2e-deps e2e cdi-checker clean
 

@@ -110,6 +110,7 @@ async def dra_daemon(
         "--kubeconfig", str(server.kubeconfig), "--metrics-port", str(metrics_port),
         "--kubelet-plugins-registry-path", str(registry),
         "--kubelet-plugins-path", str(plugins),
+        "--kubelet-pod-resources-socket=",  # no kubelet here: nothing held the other way
     ]  # fmt: skip
     env = {**os.environ, "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "warning"}
     log = root / "daemon.log"

@@ -156,11 +156,14 @@ def test_dra_mode_runs_the_same_image_as_a_dra_kubelet_plugin(
         "METRICS_EXPORT_INTERVAL": "60s",
         "RSD_LOCK_PATH": "/run/rbln/rsd-group.lock",
         "RBLN_INSTALLATION": "k8s-device-plugin/k8s-device-plugin-chart",
+        # What pods hold through the device-plugin API (a node switched between modes).
+        "KUBELET_POD_RESOURCES_SOCKET": "/var/lib/kubelet/pod-resources/kubelet.sock",
     }
     # The kubelet's plugin directories instead of the device-plugin one; the rest as before.
     assert host_mounts(ds) == {
         "/var/lib/kubelet/plugins_registry": ("/var/lib/kubelet/plugins_registry", False),
         "/var/lib/kubelet/plugins": ("/var/lib/kubelet/plugins", False),
+        "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", True),
         "/var/run/cdi": ("/var/run/cdi", False),
         "/etc/cdi": ("/etc/cdi", True),
         "/dev": ("/dev", False),
@@ -440,3 +443,54 @@ def test_values_yaml_mode_default_is_device_plugin() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["mode"] == "device-plugin"
     assert values["deviceClasses"] == {"create": True, "extendedResourceNames": True}
+
+
+# ---- a node switched between the modes ----------------------------------------------------
+
+
+def test_mode_switch_in_device_plugin_mode_reads_podresources_and_the_dra_checkpoint(
+    helm: Helm, rendered: dict[str, str]
+) -> None:
+    """modeSwitch=true (device-plugin mode on a pool that ran dra): the PodResources socket
+    directory and the DRA driver's directory are mounted read-only and named to the daemon,
+    which then reads exactly those paths; without it nothing changes."""
+    manifest = helm.template("--set", "modeSwitch=true",
+                             "--set", "devicePlugin.kubeletPluginsPath=/k/plugins",
+                             "--set", "devicePlugin.kubeletPodResourcesPath=/k/pr")  # fmt: skip
+    ds = daemonset(manifest)
+    container = plugin_container(ds)
+    env = env_of(container)
+    assert env["KUBELET_POD_RESOURCES_SOCKET"] == "/k/pr/kubelet.sock"
+    assert env["KUBELET_PLUGINS_PATH"] == "/k/plugins"
+    assert "RBLN_MODE" not in env
+    mounts = host_mounts(ds)
+    assert mounts["/k/pr"] == ("/k/pr", True)
+    assert mounts[f"/k/plugins/{DRIVER}"] == (f"/k/plugins/{DRIVER}", True)
+    config = options.parse([], {**literal_env(manifest), **NODE})
+    assert config.kubelet_pod_resources_socket == Path("/k/pr/kubelet.sock")
+    assert config.kubelet_plugins_path / DRIVER == Path(f"/k/plugins/{DRIVER}")
+    default_env = env_of(plugin_container(daemonset(rendered["default"])))
+    assert "KUBELET_POD_RESOURCES_SOCKET" not in default_env
+
+
+def test_mode_switch_is_ignored_in_dra_mode_which_always_reads_podresources(
+    helm: Helm, dra: str
+) -> None:
+    assert helm.template(*DRA, "--set", "modeSwitch=true") == dra
+
+
+def test_two_releases_with_node_selectors_split_the_nodes_between_the_modes(helm: Helm) -> None:
+    """docs/dra.md's procedure: one release per mode, each selecting the nodes labelled
+    for it, distinct object names, the same /run/rbln (the node's instance lock)."""
+    label = "rebellions\\.ai/npu\\.mode"
+    selector = f"devicePlugin.nodeSelector.{label}"
+    dp = daemonset(helm.template("--set", "modeSwitch=true", "--set", f"{selector}=device-plugin"))
+    dra = daemonset(helm.template(*DRA, "--set", "fullnameOverride=npu-dra",
+                                  "--set", f"{selector}=dra"))  # fmt: skip
+    selectors = [d["spec"]["template"]["spec"]["nodeSelector"] for d in (dp, dra)]
+    assert [s["rebellions.ai/npu.mode"] for s in selectors] == ["device-plugin", "dra"]
+    assert all(s["rebellions.ai/npu.present"] == "true" for s in selectors)
+    assert dp["metadata"]["name"] != dra["metadata"]["name"]
+    for ds in (dp, dra):
+        assert host_mounts(ds)["/run/rbln"] == ("/run/rbln", False)
+        assert env_of(plugin_container(ds))["RSD_LOCK_PATH"] == "/run/rbln/rsd-group.lock"

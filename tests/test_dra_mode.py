@@ -27,6 +27,7 @@ from lightkube.types import PatchType
 from structlog.testing import capture_logs
 
 from rbln_device_plugin import options
+from rbln_device_plugin.core import otherholds
 from rbln_device_plugin.dra import names
 from rbln_device_plugin.dra.claims import ClaimRef
 from rbln_device_plugin.host.hostio import HostIO
@@ -35,7 +36,7 @@ from rbln_device_plugin.runtime import daemon as runtime
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 
-from . import kubeapi
+from . import kubeapi, podresources_server
 from .dra_kubelet import KubeletSide
 from .inprocess import DaemonRecords, daemon_on, until
 from .metrics_helpers import metrics_port, scrape, value
@@ -69,6 +70,9 @@ class DraNode:
     sim: SimNode
     root: Path
     kubeconfig: Path
+    # The kubelet's PodResources socket (a stand-in's); "": not read (a node that only
+    # ever ran dra mode).
+    pod_resources: str = ""
 
     @property
     def registry(self) -> Path:
@@ -85,6 +89,7 @@ class DraNode:
             "--kubeconfig", str(self.kubeconfig),
             "--kubelet-plugins-registry-path", str(self.registry),
             "--kubelet-plugins-path", str(self.plugins),
+            f"--kubelet-pod-resources-socket={self.pod_resources}",
         ]  # fmt: skip
 
 
@@ -315,3 +320,49 @@ async def test_the_daemon_process_in_dra_mode_speaks_tls_to_the_api_server(
         process.terminate()
         code = process.wait(timeout=30)
     assert code == 0, log.read_text()[-3000:]
+
+
+async def test_devices_device_plugin_pods_hold_are_published_once_those_pods_end(
+    node: DraNode, api: AsyncClient
+) -> None:
+    """A node moved from the device-plugin mode: the kubelet's PodResources (a stand-in on
+    a unix socket) lists two pods holding rbln2 and a vf-4 VF; they are not in the slices
+    (nor can a claim for them be prepared) until those pods end."""
+    socket = node.root / "pod-resources.sock"
+    node.pod_resources = str(socket)
+    fake = podresources_server.FakePod
+    async with podresources_server.serving(socket) as kubelet_pr:
+        # Listed before the daemon starts: its first scan's read finds them.
+        kubelet_pr.active = [
+            fake("ml", "a", devices={"c": [("rebellions.ai/npu", ["rbln2"])]}),
+            fake("ml", "b", devices={"c": [("rebellions.ai/npu-vf4", ["rbln0-1"])]}),
+        ]
+        async with daemon_on(node.sim, "200ms", [*node.args(), "--metrics-port", "0"]) as records:
+            await _held_then_released(node, api, records, kubelet_pr)
+
+
+async def _held_then_released(
+    node: DraNode, api: AsyncClient, records: DaemonRecords, kubelet_pr: Any
+) -> None:
+    offered = await advertised(node.sim)
+    devices = await eventually(lambda: published(api), "the node's ResourceSlices")
+    assert set(devices) == set(offered) - {"rbln2", "rbln0-1"}
+    samples = await scrape(await metrics_port(records))
+    assert value(samples, "devices_withheld", resource="rebellions.ai/npu") == 1
+    kubelet = KubeletSide(node.registry / names.REGISTRATION_SOCKET)
+    try:
+        await kubelet.register()
+        ref = await allocate(api, "held-npu", ["rbln2"])  # as a stale allocation would
+        answer = (await kubelet.prepare(ref))[ref.uid]
+        assert "rbln2 is not offered on this node now" in answer.error
+    finally:
+        await kubelet.close()
+    kubelet_pr.active = []  # both pods ended
+
+    async def all_published() -> bool:
+        return set(await published(api)) == set(offered)
+
+    await eventually(all_published, "the released devices published")
+    released = {r["device"] for r in records.find(otherholds.RELEASED_MSG)}
+    assert released == {"rbln2", "rbln0-1"}
+    await records.await_log(otherholds.SETTLED_MSG)

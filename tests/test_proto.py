@@ -20,6 +20,7 @@ PROTOS = (
     "rbln_device_plugin/api/dra/v1beta1/api.proto",
     "rbln_device_plugin/api/drahealth/v1/api.proto",
     "rbln_device_plugin/api/drahealth/v1alpha1/api.proto",
+    "rbln_device_plugin/api/podresources/v1/api.proto",
 )
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 # Where each vendored proto comes from, inside the Go module cache's k8s.io/kubelet.
@@ -30,6 +31,7 @@ VENDORED = {
     "rbln_device_plugin/api/dra/v1beta1/api.proto": "dra/v1beta1",
     "rbln_device_plugin/api/drahealth/v1/api.proto": "dra-health/v1",
     "rbln_device_plugin/api/drahealth/v1alpha1/api.proto": "dra-health/v1alpha1",
+    "rbln_device_plugin/api/podresources/v1/api.proto": "podresources/v1",
 }
 
 

@@ -291,6 +291,11 @@ def _optional_path(raw: str) -> Path | None:
     return _path(raw) if raw.strip() else None
 
 
+def _socket_or_off(raw: str) -> Path | None:
+    """A host socket the daemon connects to, or empty: do not connect (off)."""
+    return _host_dir(raw) if raw.strip() else None
+
+
 def _mode(raw: str) -> str:
     return _choice(raw, MODES, ConfigError(
         f"{raw!r} is not a mode: device-plugin (the kubelet's device-plugin API) or dra "
@@ -327,6 +332,12 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "dra mode: the kubelet's plugin directory; the driver's own directory below it "
            "holds the service socket, the checkpoint and the instance lock", "DIR",
            kind=STRING, convert=_host_dir),
+    Option("kubelet_pod_resources_socket", "--kubelet-pod-resources-socket",
+           "KUBELET_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock",
+           "the kubelet's PodResources API socket: devices that running pods hold through the "
+           "other mode (a node switched between device-plugin and dra) are not offered until "
+           "released; empty: never read it (for nodes that only ever run one mode)", "PATH",
+           kind=STRING, convert=_socket_or_off),
     Option("kubeconfig", "--kubeconfig", "KUBECONFIG", "",
            "dra mode: a kubeconfig file for the API server; empty: the pod's service account "
            "(in-cluster)", "PATH", shown_default="in-cluster", kind=STRING,
@@ -434,6 +445,8 @@ class Config:
     kubelet_plugins_registry_path: Path = Path("/var/lib/kubelet/plugins_registry")
     kubelet_plugins_path: Path = Path("/var/lib/kubelet/plugins")
     kubeconfig: Path | None = None
+    # None: off (see the option's help).
+    kubelet_pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     # Where each setting came from ("flag", "env" or "default"), so that a later message
     # about a value can name what supplied it. Not part of the configuration itself.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -481,7 +494,7 @@ class Config:
             elif isinstance(value, Path):
                 value = str(value)
             elif value is None:
-                value = "(search)"
+                value = "(off)" if item.name == "kubelet_pod_resources_socket" else "(search)"
             out[_camel(item.name)] = value
         return out
 
@@ -563,6 +576,12 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
         )
     if config.mode == MODE_DRA:
         _dra_fits(config)
+    pod_resources = config.kubelet_pod_resources_socket
+    if pod_resources is not None and len(str(pod_resources).encode()) > _UNIX_SOCKET_PATH_MAX:
+        raise ConfigError(
+            f"{config.origin('kubelet_pod_resources_socket')}: {pod_resources} is too long "
+            f"for a unix socket (socket paths are limited to {_UNIX_SOCKET_PATH_MAX} bytes)"
+        )
     socket_path = config.kubelet_dir / resources.LONGEST_SOCKET_NAME
     if len(str(socket_path)) > _UNIX_SOCKET_PATH_MAX:
         raise ConfigError(

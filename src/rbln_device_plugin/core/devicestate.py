@@ -59,6 +59,9 @@ class DeviceState:
         self.announced = False
         self._status_calls: tuple[tuple[str, ...], list[Call[StatusReading]]] = ((), [])
         self._status_devices: Sequence[Device] | None = None
+        # Held by pods of the other kubelet API (``core.otherholds``): kept in the table and
+        # its health history, left out of the kubelet's view and refused by ``validate``.
+        self._withheld: frozenset[str] = frozenset()
 
     @property
     def entries(self) -> Mapping[str, Entry]:
@@ -68,6 +71,15 @@ class DeviceState:
         return {device_id: entry.device for device_id, entry in self.table.entries.items()}
 
     # ----------------------------------------------------------------- updates
+    async def withhold(self, devices: frozenset[str]) -> None:
+        """Keep ``devices`` out of the view from now on (call it before ``update``, so a
+        held device is never in a view sent); the view is published again when it changed."""
+        if devices == self._withheld:
+            return
+        self._withheld = devices
+        if self.table.entries:
+            await self._publish(())
+
     async def update(self, devices: Sequence[Device]) -> list[Change]:
         """Apply one scan's devices; log what changed; wake the view's waiters (the device
         plugin's ListAndWatch streams) when what the kubelet sees changed."""
@@ -87,6 +99,8 @@ class DeviceState:
         if self.announced:
             self._log_changes(changes)
         view = self.table.kubelet_view()
+        if self._withheld:
+            view = tuple(device for device in view if device[0] not in self._withheld)
         if view != self._published:
             self._published = view
             self._version += 1
@@ -119,7 +133,10 @@ class DeviceState:
     # ----------------------------------------------------------------- allocation
     def validate(self, requested: Sequence[Sequence[str]]) -> ValidRequest:
         """Check a request against the devices published now (raises AllocationError)."""
-        return validate_request(self.resource, requested, self.table.entries)
+        entries = self.table.entries
+        if self._withheld:  # unknown to the kubelet's view, so unknown here
+            entries = {i: e for i, e in entries.items() if i not in self._withheld}
+        return validate_request(self.resource, requested, entries)
 
     async def final_check(self, request: ValidRequest, ahead: HostBatch) -> Snapshot:
         """The final status check of a valid request's devices: the snapshot to prepare

@@ -58,6 +58,9 @@ class DraDevices:
     def __init__(self, open_state: Any) -> None:
         self._open_state = open_state  # NodeDevices.open_state
         self.states: dict[str, DeviceState] = {}
+        # Held by pods of the device-plugin mode (``core.otherholds``): neither published
+        # nor prepared until they are released.
+        self.withheld: frozenset[str] = frozenset()
 
     async def update(self, offered: Offered) -> None:
         for resource in sorted(set(self.states) - set(offered)):
@@ -69,6 +72,8 @@ class DraDevices:
             await state.update(devices)
 
     def owner(self, device: str) -> DeviceState | None:
+        if device in self.withheld:
+            return None
         for state in self.states.values():
             if device in state.entries:
                 return state

@@ -152,10 +152,19 @@ class DraSession:
     async def restart(self) -> None:
         pass
 
-    async def reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
-        """The scan's devices into the core's states, then into the ResourceSlices."""
+    async def reconcile(
+        self, offered: Mapping[str, Sequence[Device]], withheld: frozenset[str] = frozenset()
+    ) -> None:
+        """The scan's devices into the core's states, then into the ResourceSlices, but for
+        those ``withheld`` (held by the device-plugin mode's pods: ``core.otherholds``)."""
+        self.devices.withheld = withheld
         await self.devices.update(offered)
         entries = {resource: state.entries for resource, state in self.devices.states.items()}
+        if withheld:
+            entries = {
+                resource: {i: e for i, e in table.items() if i not in withheld}
+                for resource, table in entries.items()
+            }
         await self._parts.slices.publish(entries)
 
     async def stop_plugins(self) -> None:

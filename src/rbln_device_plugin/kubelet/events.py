@@ -86,10 +86,12 @@ class RestartNow:
 
 @dataclass(frozen=True, slots=True)
 class Reconcile:
-    """The scan's answer: serve exactly ``offered`` (resource -> its devices)."""
+    """The scan's answer: serve exactly ``offered`` (resource -> its devices), but for the
+    device IDs ``withheld`` (held by DRA claims' pods, see ``core.otherholds``)."""
 
     offered: Mapping[str, Sequence[Device]]
     done: asyncio.Future[None] = field(compare=False)
+    withheld: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

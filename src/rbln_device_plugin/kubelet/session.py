@@ -149,9 +149,12 @@ class KubeletSession:
         self.events.put_nowait(event)
         await event.done
 
-    async def reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
-        """Serve exactly ``offered``: start, update, stop and register plugins."""
-        event = Reconcile(offered, asyncio.get_running_loop().create_future())
+    async def reconcile(
+        self, offered: Mapping[str, Sequence[Device]], withheld: frozenset[str] = frozenset()
+    ) -> None:
+        """Serve exactly ``offered``: start, update, stop and register plugins; the device
+        IDs ``withheld`` stay out of what the kubelet is sent."""
+        event = Reconcile(offered, asyncio.get_running_loop().create_future(), withheld)
         self.events.put_nowait(event)
         await event.done
 
@@ -207,8 +210,8 @@ class KubeletSession:
             case RestartNow(done=done):
                 await self._restart()
                 _answer(done, None)
-            case Reconcile(offered=offered, done=done):
-                await self._reconcile(offered)
+            case Reconcile(offered=offered, done=done, withheld=withheld):
+                await self._reconcile(offered, withheld)
                 _answer(done, None)
             case RegistrationEnded():
                 await self._registration_ended(event)
@@ -262,7 +265,9 @@ class KubeletSession:
         await self._hostio.call(str(root), partial(cdi.remove_transient_specs, root))
 
     # ----------------------------------------------------------------- reconciling
-    async def _reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
+    async def _reconcile(
+        self, offered: Mapping[str, Sequence[Device]], withheld: frozenset[str]
+    ) -> None:
         if self.kubelet is Kubelet.DOWN and await self._kubelet_serving():
             self.kubelet = Kubelet.SERVING  # serving again on the same socket: register
         for resource in await self._plugins.stop_absent(offered):
@@ -276,7 +281,7 @@ class KubeletSession:
             self._plugin_looks.looking(now)
         for resource in sorted(offered):
             try:
-                await self._sync_plugin(resource, offered[resource], can_start, look)
+                await self._sync_plugin(resource, offered[resource], can_start, look, withheld)
             except Exception as exc:  # one resource's trouble must not cost the others
                 log.error(
                     "Cannot update device plugin; retrying next scan",
@@ -290,8 +295,9 @@ class KubeletSession:
             self.registered.set()
 
     async def _sync_plugin(
-        self, resource: str, devices: Sequence[Device], can_start: _Once, look: bool
-    ) -> None:
+        self, resource: str, devices: Sequence[Device], can_start: _Once, look: bool,
+        withheld: frozenset[str],
+    ) -> None:  # fmt: skip
         plugin = self._plugins.get(resource)
         if plugin is not None and look and not await plugin.socket_intact():
             # With the kubelet down this is its successor cleaning the directory.
@@ -308,6 +314,7 @@ class KubeletSession:
             plugin = await self._plugins.start(resource)
             if plugin is None:
                 return
+        await plugin.state.withhold(withheld)  # before the update: never sent at all
         await plugin.update(devices)
         if self.kubelet is not Kubelet.DOWN and not self.handed_over:
             plugin.register_in_background(self.watch.identity)  # the kubelet it talks to

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.core.devices import DeviceSource, Discovery, NodeDevices
+from rbln_device_plugin.core.otherholds import OtherModeHolds
 from rbln_device_plugin.host.scan import Scanner
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.session import KubeletSession
@@ -52,7 +53,9 @@ class FrontEnd(Protocol):
     async def run(self, stop: asyncio.Event) -> None: ...
     async def restart_due(self, *, look: bool = True) -> bool: ...
     async def restart(self) -> None: ...
-    async def reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None: ...
+    async def reconcile(
+        self, offered: Mapping[str, Sequence[Device]], withheld: frozenset[str] = ...
+    ) -> None: ...
     async def stop_plugins(self) -> None: ...
     @property
     def plugins(self) -> Mapping[str, Any]: ...
@@ -82,6 +85,7 @@ class Manager:
         hooks: ScanHooks = ScanHooks(),
         scanner: DeviceSource | None = None,
         front_end: FrontEndFactory | None = None,
+        holds: OtherModeHolds | None = None,
     ) -> None:
         config = services.config
         self._config = config
@@ -101,6 +105,8 @@ class Manager:
             if front_end is not None
             else KubeletSession(services, self.devices, self._wake)
         )
+        # What pods of the other kubelet API hold: kept out of this mode's offer.
+        self.holds = holds or OtherModeHolds(config, services.hostio, services.metrics)
         self.cdi_check = CdiSpecCheck(config, services.hostio, services.metrics)
         self._cdi_check_failed = False
         self.scans = 0
@@ -177,7 +183,8 @@ class Manager:
         # The kubelet may have restarted while rbln-smi ran: restart first, register once.
         # The scan's first question looked at kubelet.sock; the watch saw it since.
         await self._settle_kubelet_restart(look=False)
-        await self.session.reconcile(discovery.offered)
+        withheld = await self.holds.withheld(discovery.offered)
+        await self.session.reconcile(discovery.offered, withheld)
         self._record(discovery, started)
 
     async def _settle_kubelet_restart(self, *, look: bool = True) -> None:

@@ -82,6 +82,9 @@ DRA_UNPREPARE_RESULTS: Final = (OK, DRA_FAILED)
 SLICE_VERBS: Final = ("create", "update", "delete")
 SLICE_RESULTS: Final = (OK, DRA_FAILED)
 MODES: Final = ("device-plugin", "dra")
+# Reads of the kubelet's PodResources API (a node switched between the modes).
+POD_RESOURCES_FAILED: Final = "failed"
+POD_RESOURCES_RESULTS: Final = (OK, POD_RESOURCES_FAILED)
 
 
 class Metrics:
@@ -153,6 +156,13 @@ class Metrics:
 
     def dra_slice_write(self, verb: str, result: str) -> None:
         """One ResourceSlice create, update or delete sent to the API server."""
+
+    def pod_resources_read(self, result: str) -> None:
+        """One List of the kubelet's PodResources API: one of POD_RESOURCES_RESULTS."""
+
+    def withheld_devices(self, counts: Mapping[str, int]) -> None:
+        """Per resource, the devices kept back now because the other kubelet API's pods
+        hold them (or might: see ``core.otherholds``); the whole mapping each time."""
 
     async def shutdown(self) -> None:
         """Stop the endpoint and flush the last push, bounded; never blocks the loop."""

@@ -54,6 +54,7 @@ class OtelMetrics(Metrics):
         self._provider = provider
         self._mode = mode
         self._prepared_claims = 0
+        self._withheld: Mapping[str, int] = {}
         self._pull = pull
         self._render_lock = threading.Lock()
         self._tables: dict[str, Mapping[str, Entry]] = {}
@@ -141,6 +142,14 @@ class OtelMetrics(Metrics):
             "dra.resourceslice.writes", "{request}",
             "ResourceSlice creates, updates and deletes sent to the API server, by result",
         )  # fmt: skip
+        self._pod_resources_reads = counter(
+            "pod_resources.reads", "{read}",
+            "Lists of the kubelet's PodResources API (a node switched between the modes), "
+            "by result")  # fmt: skip
+        meter.create_observable_gauge(
+            f"{PREFIX}.devices.withheld", [self._observe_withheld], "{device}",
+            "Devices kept back, by resource, because pods of the other kubelet API hold them "
+            "or might")  # fmt: skip
         meter.create_observable_gauge(
             f"{PREFIX}.mode", [self._observe_mode], "",
             "1 for the kubelet API this instance serves (device-plugin or dra), 0 for the "
@@ -174,6 +183,8 @@ class OtelMetrics(Metrics):
         # the success class in the exposition only (a histogram has no zero data point).
         for unlabelled in (self._discovery_failures, self._restarts, self._stalls):
             unlabelled.add(0)
+        for result in m.POD_RESOURCES_RESULTS:
+            self._pod_resources_reads.add(0, {"result": result})
         for subcommand in m.SMI_SUBCOMMANDS:
             for result in m.SMI_RESULTS:
                 self._smi_calls.add(0, {"subcommand": subcommand, "result": result})
@@ -295,6 +306,12 @@ class OtelMetrics(Metrics):
     def dra_slice_write(self, verb: str, result: str) -> None:
         self._slice_writes.add(1, {"verb": verb, "result": result})
 
+    def pod_resources_read(self, result: str) -> None:
+        self._pod_resources_reads.add(1, {"result": result})
+
+    def withheld_devices(self, counts: Mapping[str, int]) -> None:
+        self._withheld = dict(counts)  # swapped whole: collection threads read either
+
     # ------------------------------------------------------------- collection (any thread)
     def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:
         return list(self._tables.items())  # the loop replaces the dict, never edits it
@@ -331,6 +348,11 @@ class OtelMetrics(Metrics):
     def _observe_mode(self, _: CallbackOptions) -> Iterable[Observation]:
         for mode in m.MODES:
             yield Observation(int(mode == self._mode), {"mode": mode})
+
+    def _observe_withheld(self, _: CallbackOptions) -> Iterable[Observation]:
+        withheld = self._withheld
+        for resource, _entries in self._snapshot():
+            yield Observation(withheld.get(resource, 0), {"resource": resource})
 
     def _observe_prepared(self, _: CallbackOptions) -> Iterable[Observation]:
         yield Observation(self._prepared_claims)
