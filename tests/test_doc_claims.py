@@ -223,6 +223,9 @@ CHART_SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
     "RBLN_MODE": ({"mode": "dra"}, "dra"),
     "KUBELET_PLUGINS_REGISTRY_PATH": (
         {"mode": "dra", "devicePlugin": {"kubeletPluginsRegistryPath": "/k/reg"}}, "/k/reg"),
+    "KUBELET_POD_RESOURCES_SOCKET": (
+        {"mode": "dra", "devicePlugin": {"kubeletPodResourcesPath": "/k/pr"}},
+        "/k/pr/kubelet.sock"),
     "KUBELET_PLUGINS_PATH": (
         {"mode": "dra", "devicePlugin": {"kubeletPluginsPath": "/k/plugins"}}, "/k/plugins"),
     "CDI_ROOT": ({"devicePlugin": {"cdiRoot": "/x/cdi"}}, "/x/cdi"),
