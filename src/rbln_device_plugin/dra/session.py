@@ -1,8 +1,9 @@
 """The DRA front end's part of the scan loop, as ``kubelet.session`` is the device plugin's.
 
 Each scan's devices reach the core's device states (``DraDevices``: the same health
-history and final checks as the device plugin's) and then the ResourceSlice publisher,
-which writes only what changed. The kubelet plugin (``dra.server``) serves from start to
+history and final checks as the device plugin's), then the kubelet's device-health
+streams (``dra.healthstream``, every scan) and the ResourceSlice publisher, which writes
+only what changed. The kubelet plugin (``dra.server``) serves from start to
 stop: the kubelet's plugin watcher finds its registration socket by itself, after a
 kubelet restart too, so there is no restart to act on here.
 
@@ -20,8 +21,9 @@ from typing import Any, Protocol
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.core.devices import NodeDevices
-from rbln_device_plugin.dra import names
+from rbln_device_plugin.dra import health, names
 from rbln_device_plugin.dra.apiclaims import ApiClaims, ClaimSource
+from rbln_device_plugin.dra.healthstream import HealthFeed
 from rbln_device_plugin.dra.prepare import DraDevices, Preparer
 from rbln_device_plugin.dra.server import DraPlugin
 from rbln_device_plugin.host.hostio import HostIO
@@ -102,9 +104,11 @@ class DraSession:
             plugin_dir=self.plugin_dir, hostio=hostio, metrics=metrics,
             rsd_queue=rsd_queue, wake=wake_scan,
         )  # fmt: skip
+        self.feed = HealthFeed(health.timeout_seconds(config.scan_interval))
         self.plugin = DraPlugin(
-            self.preparer, config.kubelet_plugins_registry_path, self.plugin_dir, hostio
-        )
+            self.preparer, config.kubelet_plugins_registry_path, self.plugin_dir, hostio,
+            feed=self.feed, metrics=metrics,
+        )  # fmt: skip
         # Set once the kubelet accepted the registration (the `registered` health service).
         self.registered = asyncio.Event()
         self._serving = False
@@ -153,9 +157,18 @@ class DraSession:
         pass
 
     async def reconcile(self, offered: Mapping[str, Sequence[Device]]) -> None:
-        """The scan's devices into the core's states, then into the ResourceSlices."""
+        """The scan's devices into the core's states, then to the kubelet's health streams
+        (every scan: a list not re-sent goes stale there), then into the ResourceSlices
+        (only what changed; an API server that hangs cannot hold the health back)."""
         await self.devices.update(offered)
         entries = {resource: state.entries for resource, state in self.devices.states.items()}
+        held = (
+            d.device
+            for claim in self.preparer.checkpoint.claims.values()
+            for d in claim.devices
+            if d.pool == self.preparer.pool
+        )
+        await self.feed.publish(health.report(self.preparer.pool, entries, held))
         await self._parts.slices.publish(entries)
 
     async def stop_plugins(self) -> None:
@@ -172,4 +185,4 @@ class DraSession:
 
     @property
     def open_streams(self) -> int:
-        return 0
+        return self.feed.streams

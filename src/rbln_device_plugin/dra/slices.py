@@ -267,10 +267,11 @@ def device_attributes(resource: str, entry: Entry) -> list[Attribute]:
     return found
 
 
-def _offered(
+def offered(
     entries: Mapping[str, Mapping[str, Entry]],
 ) -> Iterator[tuple[str, str, Entry] | Omission]:
-    """Each offered device as (resource, ID, entry), or the Omission that refuses it."""
+    """Each offered device as (resource, ID, entry), or the Omission that refuses it: the
+    devices of the slices, which the health stream reports under the same names."""
     vf_parents = {
         entry.device.parent_bus_id
         for devices in entries.values()
@@ -309,7 +310,7 @@ def build_pool(node: str, entries: Mapping[str, Mapping[str, Entry]]) -> Pool:
         raise ValueError(f"node name {node[:80]!r} is not a DNS subdomain")
     devices: list[tuple[tuple[Any, ...], DeviceJSON]] = []
     omissions: list[Omission] = []
-    for item in _offered(entries):
+    for item in offered(entries):
         if isinstance(item, Omission):
             omissions.append(item)
             continue

@@ -141,6 +141,13 @@ class OtelMetrics(Metrics):
             "dra.resourceslice.writes", "{request}",
             "ResourceSlice creates, updates and deletes sent to the API server, by result",
         )  # fmt: skip
+        self._health_streams = meter.create_up_down_counter(
+            f"{PREFIX}.dra.health.streams", "{stream}",
+            "DRA device-health streams (NodeWatchResources) open, by service version")  # fmt: skip
+        self._taints = counter(
+            "dra.device_taints", "{taint}",
+            "Device taints applied to or removed from the ResourceSlices",
+        )  # fmt: skip
         meter.create_observable_gauge(
             f"{PREFIX}.mode", [self._observe_mode], "",
             "1 for the kubelet API this instance serves (device-plugin or dra), 0 for the "
@@ -196,6 +203,10 @@ class OtelMetrics(Metrics):
             for verb in m.SLICE_VERBS:
                 for result in m.SLICE_RESULTS:
                     self._slice_writes.add(0, {"verb": verb, "result": result})
+            for service in m.HEALTH_SERVICES:
+                self._health_streams.add(0, {"service": service})
+            for change in m.TAINT_CHANGES:
+                self._taints.add(0, {"change": change})
             self._node_zeros = (*self._node_zeros, zero("dra.prepare.duration", result=OK))
 
     # ------------------------------------------------------------- events (event loop)
@@ -294,6 +305,13 @@ class OtelMetrics(Metrics):
 
     def dra_slice_write(self, verb: str, result: str) -> None:
         self._slice_writes.add(1, {"verb": verb, "result": result})
+
+    def dra_health_stream(self, service: str, opened: bool) -> None:
+        self._health_streams.add(1 if opened else -1, {"service": service})
+
+    def dra_taints(self, change: str, count: int) -> None:
+        if count:
+            self._taints.add(count, {"change": change})
 
     # ------------------------------------------------------------- collection (any thread)
     def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:
