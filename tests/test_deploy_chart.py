@@ -1074,7 +1074,10 @@ def test_rsd_lock_path_helm_and_daemon_agree(
 
 
 # The daemon's dra-mode settings: set only with `mode: dra` (test_deploy_chart_dra.py).
-DRA_MODE_ONLY = {"RBLN_MODE", "KUBELET_PLUGINS_REGISTRY_PATH", "KUBELET_PLUGINS_PATH", "KUBECONFIG"}
+DRA_MODE_ONLY = {
+    "RBLN_MODE", "KUBELET_PLUGINS_REGISTRY_PATH", "KUBELET_PLUGINS_PATH", "KUBECONFIG",
+    "RBLN_DRA_TAINT_NO_EXECUTE",
+}  # fmt: skip
 
 
 def test_chart_sets_exactly_the_variables_the_cli_reads(rendered: dict[str, str]) -> None:

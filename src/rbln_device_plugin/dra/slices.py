@@ -14,6 +14,11 @@ Attribute names and types follow Rebellions' own DRA driver (``RBLN-SW/rbln-k8s-
 (``deviceType``, ``parentPciBusID``, ``healthy``, ``status``) is added under names of
 ours. An unknown fact is an absent attribute, never a made-up value.
 
+An Unhealthy device (the core's verdict, as ListAndWatch reports it) carries one taint,
+``npu.rebellions.ai/unhealthy=<status name>`` with the configured effect (NoSchedule, or
+NoExecute when the operator chose eviction): the scheduler then allocates it to no claim
+that does not tolerate it. It goes when the history's rules make the device Healthy.
+
 The API server's limits (``k8s.io/api@v0.37.2`` ``resource/v1/types.go`` and its
 validation) are kept here, so a write is never refused for its shape: at most
 ``MAX_DEVICES_PER_SLICE`` devices per slice (more make more slices of the pool), at most
@@ -41,11 +46,12 @@ from rbln_device_plugin.model.inventory import natural_key, sid_is_known
 API_VERSION: Final = "resource.k8s.io/v1"
 KIND: Final = "ResourceSlice"
 
-# k8s.io/api@v0.37.2 resource/v1: ResourceSliceMaxDevices (no device of ours uses taints,
-# counters or list attributes, which would lower it to 64),
+# k8s.io/api@v0.37.2 resource/v1: ResourceSliceMaxDevicesWithAdvancedFeatures (a slice
+# with a tainted device holds at most 64; any device may fault at any scan, so every slice
+# keeps to 64 and a fault never moves devices between slices),
 # ResourceSliceMaxAttributesAndCapacitiesPerDevice, DeviceAttributeMaxValueLength (Go's
 # len: bytes), DeviceMaxDomainLength, DeviceMaxIDLength.
-MAX_DEVICES_PER_SLICE: Final = 128
+MAX_DEVICES_PER_SLICE: Final = 64
 MAX_ATTRIBUTES_PER_DEVICE: Final = 32
 MAX_STRING_BYTES: Final = 64
 MAX_DOMAIN_CHARS: Final = 63
@@ -69,6 +75,13 @@ ATTR_PARENT_BUS_ID: Final = "parentPciBusID"
 ATTR_HEALTHY: Final = "healthy"
 ATTR_STATUS: Final = "status"
 
+# An Unhealthy device's taint: the key under the driver's domain, the value its status
+# name (a label value: FAULT, BUSY, UNREADABLE, ...; UNKNOWN for a code with no name).
+TAINT_KEY: Final = f"{DRIVER_NAME}/unhealthy"
+NO_SCHEDULE: Final = "NoSchedule"
+NO_EXECUTE: Final = "NoExecute"
+_LABEL_VALUE_RE: Final = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
 # Rebellions' driver calls every device it publishes an "npu"; so do we (a VF is one too,
 # ``deviceType`` tells them apart).
 TYPE_NPU: Final = "npu"
@@ -86,7 +99,8 @@ _SUBDOMAIN_RE: Final = re.compile(
 _C_IDENTIFIER_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 Attribute = tuple[str, str | int | bool]  # (qualified name, value)
-DeviceJSON = Mapping[str, Any]  # {"name": ..., "attributes": {...}}
+DeviceJSON = Mapping[str, Any]  # {"name": ..., "attributes": {...}, "taints": [...]}
+Taint = tuple[str, str]  # (value, effect) of the TAINT_KEY taint
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +136,15 @@ class Pool:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.slices)
 
+    def taints(self) -> dict[str, Taint]:
+        """Device -> its TAINT_KEY taint, for the tainted devices."""
+        return {
+            d["name"]: found
+            for s in self.slices
+            for d in s.devices
+            if (found := device_taint(d)) is not None
+        }
+
     def objects(
         self, generation: int, owner: Mapping[str, Any] | None = None
     ) -> list[dict[str, Any]]:
@@ -149,10 +172,37 @@ def slice_object(
             "driver": DRIVER_NAME,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": [
-                {"name": d["name"], "attributes": dict(d["attributes"])} for d in desired.devices
-            ],
+            "devices": [_device_object(d) for d in desired.devices],
         },
+    }
+
+
+def _device_object(device: DeviceJSON) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": device["name"], "attributes": dict(device["attributes"])}
+    if device.get("taints"):
+        out["taints"] = [dict(t) for t in device["taints"]]
+    return out
+
+
+def device_taint(device: Mapping[str, Any]) -> Taint | None:
+    """The TAINT_KEY taint of a device (its JSON, built here or read from the server)."""
+    for taint in device.get("taints") or ():
+        if taint.get("key") == TAINT_KEY:
+            return str(taint.get("value", "")), str(taint.get("effect", ""))
+    return None
+
+
+def taint_value(status: str) -> str:
+    """The status name as a taint value (a label value): ``UNKNOWN(7)`` is ``UNKNOWN``."""
+    return status if _LABEL_VALUE_RE.fullmatch(status) else "UNKNOWN"
+
+
+def tainted(entries: Mapping[str, Mapping[str, Entry]]) -> set[str]:
+    """The devices of the slices that carry a taint: the Unhealthy ones."""
+    return {
+        item[1]
+        for item in offered(entries)
+        if not isinstance(item, Omission) and not item[2].healthy
     }
 
 
@@ -303,9 +353,17 @@ def offered(
                 yield resource, device_id, entry
 
 
-def build_pool(node: str, entries: Mapping[str, Mapping[str, Entry]]) -> Pool:
+def build_pool(
+    node: str,
+    entries: Mapping[str, Mapping[str, Entry]],
+    effect: str = NO_SCHEDULE,
+    taint_times: Mapping[str, str] | None = None,
+) -> Pool:
     """The node's pool for the devices offered now. ``node`` must be a DNS subdomain (a
-    node name); ValueError otherwise."""
+    node name); ValueError otherwise. Each Unhealthy device carries a TAINT_KEY taint
+    with ``effect``, added at ``taint_times[device]`` (RFC 3339, whole seconds; the
+    publisher keeps it while the device stays tainted, so rebuilding never changes it)."""
+    times = taint_times or {}
     if not is_dns_subdomain(node):
         raise ValueError(f"node name {node[:80]!r} is not a DNS subdomain")
     devices: list[tuple[tuple[Any, ...], DeviceJSON]] = []
@@ -317,7 +375,14 @@ def build_pool(node: str, entries: Mapping[str, Mapping[str, Entry]]) -> Pool:
         resource, device_id, entry = item
         attributes, left_out = fit_attributes(device_id, device_attributes(resource, entry))
         omissions.extend(left_out)
-        devices.append((natural_key(device_id), {"name": device_id, "attributes": attributes}))
+        device: dict[str, Any] = {"name": device_id, "attributes": attributes}
+        if not entry.healthy:
+            taint = {"key": TAINT_KEY, "value": taint_value(entry.verdict.status),
+                     "effect": effect}  # fmt: skip
+            if device_id in times:
+                taint["timeAdded"] = times[device_id]
+            device["taints"] = (taint,)
+        devices.append((natural_key(device_id), device))
     devices.sort(key=lambda pair: pair[0])
     ordered = [device for _, device in devices]
     chunks = [
