@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 
 from rbln_device_plugin.dra import publisher as pub
 from rbln_device_plugin.dra import slices
+from rbln_device_plugin.dra import taints as taints_mod
 from rbln_device_plugin.dra.publisher import SlicePublisher
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.model.health import Health, Verdict
@@ -437,7 +438,7 @@ class TaintCounts(m.Metrics):
         self.taints[change] += count
 
 
-def clock(*stamps: str) -> pub.TaintTimes:
+def clock(*stamps: str) -> taints_mod.TaintTimes:
     """Taint times from a fixed clock: each ``stamp`` call reads the next of ``stamps``."""
     times = iter(datetime.fromisoformat(t) for t in stamps)
     last: list[datetime] = []
@@ -446,7 +447,7 @@ def clock(*stamps: str) -> pub.TaintTimes:
         last[:] = [next(times, last[0] if last else datetime(2026, 1, 1, tzinfo=UTC))]
         return last[0]
 
-    return pub.TaintTimes(now)
+    return taints_mod.TaintTimes(now)
 
 
 async def taints(api: Api, node: str) -> dict[str, list[dict[str, Any]]]:
@@ -482,7 +483,7 @@ async def test_a_fault_is_tainted_until_a_ready_read_with_one_write_per_change(a
             await publisher.publish(await node.scan())
         assert wire.requests == [("PUT", "resourceslices")]
         assert await taints(api, "node-taint") == {"rbln6": taint("FAULT", "2026-12-01T10:00:00Z")}
-        [record] = [r for r in logs if r["event"] == pub.TAINTED_MSG]
+        [record] = [r for r in logs if r["event"] == taints_mod.TAINTED_MSG]
         assert (record["device"], record["value"], record["effect"], record["log_level"]) == (
             "rbln6", "FAULT", "NoSchedule", "warning",
         )  # fmt: skip
@@ -508,7 +509,7 @@ async def test_a_fault_is_tainted_until_a_ready_read_with_one_write_per_change(a
         with capture_logs() as logs:
             await publisher.publish(await node.scan())
         assert await taints(api, "node-taint") == {}
-        [record] = [r for r in logs if r["event"] == pub.UNTAINTED_MSG]
+        [record] = [r for r in logs if r["event"] == taints_mod.UNTAINTED_MSG]
         assert (record["device"], record["value"]) == ("rbln6", "UNREADABLE")
         assert counts.taints == {"applied": 2, "removed": 1}
 
@@ -552,7 +553,7 @@ async def test_no_execute_is_the_taints_effect_when_chosen(api: Api) -> None:
     await api.node("node-noexec")
     client = AsyncClient(KubeConfig.from_file(Path(api.server.kubeconfig)))
     publisher = SlicePublisher(
-        client, "node-noexec", taint_effect=slices.NO_EXECUTE,
+        client, "node-noexec", taint_effect=taints_mod.NO_EXECUTE,
         taint_times=clock("2026-12-01T10:00:00+00:00"),
     )  # fmt: skip
     async with scanned("atom-max-8") as node:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbln_device_plugin.dra import slices
+from rbln_device_plugin.dra import taints as taints_mod
 from rbln_device_plugin.dra.names import DRIVER_NAME
 from rbln_device_plugin.host.smi import parse_inventory
 from rbln_device_plugin.model.devicetable import Entry
@@ -347,7 +348,7 @@ async def test_a_scanned_node_publishes_every_offered_device_and_no_pf_hosting_v
 def test_an_unhealthy_device_is_tainted_with_its_status_name(verdict: Verdict, value: str) -> None:
     entries = {NPU: {"rbln0": entry("rbln0", verdict), "rbln1": entry("rbln1", bus="0000:06:00.0")}}
     times = {"rbln0": "2026-12-01T10:00:00Z"}
-    for effect in (slices.NO_SCHEDULE, slices.NO_EXECUTE):
+    for effect in (taints_mod.NO_SCHEDULE, taints_mod.NO_EXECUTE):
         pool = slices.build_pool(NODE, entries, effect, times)
         (body,) = pool.objects(1)
         tainted, healthy = body["spec"]["devices"]

@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from rbln_device_plugin.dra import slices
+from rbln_device_plugin.dra import slices, taints
 from rbln_device_plugin.dra.names import DRIVER_NAME
 from rbln_device_plugin.model.devicetable import Entry
-from rbln_device_plugin.model.inventory import natural_key
 from rbln_device_plugin.model.streaks import FailureStreak
 from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
@@ -58,8 +56,6 @@ REMOVED_MSG: Final = "Removed the node's ResourceSlices"
 REMOVE_FAILED_MSG: Final = "Cannot remove the node's ResourceSlices"
 CHANGED_ELSEWHERE_MSG: Final = "ResourceSlices changed on the API server; publishing again"
 WATCH_FAILED_MSG: Final = "Cannot watch the node's ResourceSlices; retrying"
-TAINTED_MSG: Final = "Device tainted in the ResourceSlices"
-UNTAINTED_MSG: Final = "Device taint removed from the ResourceSlices"
 # A broken watch is opened again after this, doubling up to the cap.
 WATCH_RETRY_S: Final = 1.0
 WATCH_RETRY_CAP_S: Final = 30.0
@@ -84,50 +80,6 @@ def _status_code(exc: BaseException) -> int | None:
     return exc.status.code if isinstance(exc, ApiError) else None
 
 
-class TaintTimes:
-    """When each tainted device's taint was added (RFC 3339, whole seconds, as the API
-    server keeps it): set when the device is first tainted, kept while it stays tainted,
-    so a republish never changes it (no write flaps); taken over from the server's slices
-    after a restart. Dropped when the taint goes: a later fault is a new taint."""
-
-    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self._now = now
-        self.since: dict[str, str] = {}
-
-    def stamp(self, tainted: Iterable[str]) -> dict[str, str]:
-        wanted = set(tainted)
-        new = wanted - set(self.since)
-        stamp = self._now().strftime("%Y-%m-%dT%H:%M:%SZ") if new else ""
-        self.since = {d: self.since.get(d, stamp) for d in sorted(wanted)}
-        return dict(self.since)
-
-    def adopt(self, found: Mapping[str, str]) -> bool:
-        """Take the server's times (device -> timeAdded) for devices tainted here too;
-        True when any changed."""
-        changed = {d: found[d] for d in self.since if d in found and found[d] != self.since[d]}
-        self.since.update(changed)
-        return bool(changed)
-
-
-def _server_taints(found: Mapping[str, Any]) -> tuple[dict[str, slices.Taint], dict[str, str]]:
-    """Listed slices -> (device -> its taint, device -> the taint's timeAdded)."""
-    taints: dict[str, slices.Taint] = {}
-    times: dict[str, str] = {}
-    for piece in found.values():
-        for device in piece.to_dict().get("spec", {}).get("devices") or ():
-            taint = slices.device_taint(device)
-            if taint is None:
-                continue
-            taints[device["name"]] = taint
-            added = next(
-                (t.get("timeAdded") for t in device["taints"] if t.get("key") == slices.TAINT_KEY),
-                None,
-            )
-            if added:
-                times[device["name"]] = str(added)
-    return taints, times
-
-
 def _same_entries(
     entries: Mapping[str, Mapping[str, Entry]], last: Mapping[str, Mapping[str, Entry]]
 ) -> bool:
@@ -149,15 +101,14 @@ class SlicePublisher:
         node: str,
         metrics: m.Metrics = m.NOOP,
         *,
-        taint_effect: str = slices.NO_SCHEDULE,
-        taint_times: TaintTimes | None = None,
+        taint_effect: str = taints.NO_SCHEDULE,
+        taint_times: taints.TaintTimes | None = None,
     ) -> None:
         if not slices.is_dns_subdomain(node):
             raise ValueError(f"node name {node[:80]!r} is not a DNS subdomain")
         self.taint_effect = taint_effect
-        self._times = taint_times or TaintTimes()
-        # The taints the server holds (device -> (value, effect)); None: not known.
-        self._taints: dict[str, slices.Taint] | None = None
+        self._times = taint_times or taints.TaintTimes()
+        self._taints = taints.TaintLedger(node, metrics)
         self._client = client  # a lightkube AsyncClient
         self.node = node
         self.generation = 0
@@ -211,7 +162,8 @@ class SlicePublisher:
                 async with asyncio.timeout(PUBLISH_TIMEOUT_S):
                     done = await self._sync(pool, entries)
             except Exception as exc:  # never into the scan loop; logged
-                self._versions, self._taints = None, None
+                self._versions = None
+                self._taints.forget()
                 self.failures += 1
                 reason = describe_failure(exc)
                 say = log.error if self._streak.failed(reason) else log.debug
@@ -220,7 +172,7 @@ class SlicePublisher:
         failed_before = self._streak.succeeded()
         extra = {"failedAttempts": failed_before} if failed_before else {}
         if done is None:
-            self._count_taints(pool.taints())
+            self._taints.holds(pool.taints())
             log.info(
                 CURRENT_MSG,
                 node=self.node,
@@ -230,7 +182,7 @@ class SlicePublisher:
                 **extra,
             )
             return
-        self._count_taints(pool.taints())
+        self._taints.holds(pool.taints())
         log.info(
             PUBLISHED_MSG,
             node=self.node,
@@ -244,25 +196,11 @@ class SlicePublisher:
             **extra,
         )
 
-    def _count_taints(self, now: dict[str, slices.Taint]) -> None:
-        """The taints the server holds now against before: each change logged and counted."""
-        before, self._taints = self._taints or {}, now
-        applied = sorted((d for d in now if before.get(d) != now[d]), key=natural_key)
-        removed = sorted((d for d in before if d not in now), key=natural_key)
-        for device in applied:
-            value, effect = now[device]
-            log.warning(TAINTED_MSG, node=self.node, device=device, key=slices.TAINT_KEY,
-                        value=value, effect=effect)  # fmt: skip
-        for device in removed:
-            log.info(UNTAINTED_MSG, node=self.node, device=device, key=slices.TAINT_KEY,
-                     value=before[device][0])  # fmt: skip
-        self._metrics.dra_taints(m.TAINT_APPLIED, len(applied))
-        self._metrics.dra_taints(m.TAINT_REMOVED, len(removed))
-
     async def remove_all(self) -> bool:
         """Delete every slice of this driver and node; False (logged) when that failed."""
         async with self._lock:
-            self._versions, self._written, self._taints = None, None, None
+            self._versions, self._written = None, None
+            self._taints.forget()
             try:
                 async with asyncio.timeout(PUBLISH_TIMEOUT_S):
                     names = sorted(await self._list())
@@ -384,9 +322,12 @@ class SlicePublisher:
             self._owner = slices.node_owner(self.node, node.metadata.uid)
         if self._versions is None:
             found = await self._list()
-            taints, times = _server_taints(found)
-            if self._taints is None:
-                self._taints = taints
+            held, times = taints.server_taints(
+                device
+                for piece in found.values()
+                for device in piece.to_dict().get("spec", {}).get("devices") or ()
+            )
+            self._taints.listed(held)
             if self._times.adopt(times):  # a restart keeps the taints' times
                 pool = self._pool(entries)
             generations = [s.spec.pool.generation for s in found.values()]

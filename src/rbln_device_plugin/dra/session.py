@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.core.devices import NodeDevices
-from rbln_device_plugin.dra import health, names, slices
+from rbln_device_plugin.dra import health, names, taints
 from rbln_device_plugin.dra.apiclaims import ApiClaims, ClaimSource
 from rbln_device_plugin.dra.healthstream import HealthFeed
 from rbln_device_plugin.dra.prepare import DraDevices, Preparer
@@ -70,7 +70,7 @@ def api_parts(config: Config, metrics: m.Metrics = m.NOOP) -> DraParts:
     except Exception as exc:  # lightkube's ConfigError, an unreadable or broken file
         source = str(config.kubeconfig) if config.kubeconfig else "the pod's service account"
         raise ApiSetupError(f"{source}: {exc}") from None
-    effect = slices.NO_EXECUTE if config.dra_taint_no_execute else slices.NO_SCHEDULE
+    effect = taints.NO_EXECUTE if config.dra_taint_no_execute else taints.NO_SCHEDULE
     publisher = SlicePublisher(claims.client, config.node_name, metrics, taint_effect=effect)
     return DraParts(claims, publisher)
 

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from rbln_device_plugin.dra import taints
 from rbln_device_plugin.dra.names import DRIVER_NAME
 from rbln_device_plugin.model import resources
 from rbln_device_plugin.model.devicetable import Entry
@@ -75,13 +76,6 @@ ATTR_PARENT_BUS_ID: Final = "parentPciBusID"
 ATTR_HEALTHY: Final = "healthy"
 ATTR_STATUS: Final = "status"
 
-# An Unhealthy device's taint: the key under the driver's domain, the value its status
-# name (a label value: FAULT, BUSY, UNREADABLE, ...; UNKNOWN for a code with no name).
-TAINT_KEY: Final = f"{DRIVER_NAME}/unhealthy"
-NO_SCHEDULE: Final = "NoSchedule"
-NO_EXECUTE: Final = "NoExecute"
-_LABEL_VALUE_RE: Final = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-
 # Rebellions' driver calls every device it publishes an "npu"; so do we (a VF is one too,
 # ``deviceType`` tells them apart).
 TYPE_NPU: Final = "npu"
@@ -100,7 +94,6 @@ _C_IDENTIFIER_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 Attribute = tuple[str, str | int | bool]  # (qualified name, value)
 DeviceJSON = Mapping[str, Any]  # {"name": ..., "attributes": {...}, "taints": [...]}
-Taint = tuple[str, str]  # (value, effect) of the TAINT_KEY taint
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +129,13 @@ class Pool:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.slices)
 
-    def taints(self) -> dict[str, Taint]:
-        """Device -> its TAINT_KEY taint, for the tainted devices."""
+    def taints(self) -> dict[str, taints.Taint]:
+        """Device -> its taint, for the tainted devices."""
         return {
             d["name"]: found
             for s in self.slices
             for d in s.devices
-            if (found := device_taint(d)) is not None
+            if (found := taints.device_taint(d)) is not None
         }
 
     def objects(
@@ -182,19 +175,6 @@ def _device_object(device: DeviceJSON) -> dict[str, Any]:
     if device.get("taints"):
         out["taints"] = [dict(t) for t in device["taints"]]
     return out
-
-
-def device_taint(device: Mapping[str, Any]) -> Taint | None:
-    """The TAINT_KEY taint of a device (its JSON, built here or read from the server)."""
-    for taint in device.get("taints") or ():
-        if taint.get("key") == TAINT_KEY:
-            return str(taint.get("value", "")), str(taint.get("effect", ""))
-    return None
-
-
-def taint_value(status: str) -> str:
-    """The status name as a taint value (a label value): ``UNKNOWN(7)`` is ``UNKNOWN``."""
-    return status if _LABEL_VALUE_RE.fullmatch(status) else "UNKNOWN"
 
 
 def tainted(entries: Mapping[str, Mapping[str, Entry]]) -> set[str]:
@@ -356,12 +336,12 @@ def offered(
 def build_pool(
     node: str,
     entries: Mapping[str, Mapping[str, Entry]],
-    effect: str = NO_SCHEDULE,
+    effect: str = taints.NO_SCHEDULE,
     taint_times: Mapping[str, str] | None = None,
 ) -> Pool:
     """The node's pool for the devices offered now. ``node`` must be a DNS subdomain (a
-    node name); ValueError otherwise. Each Unhealthy device carries a TAINT_KEY taint
-    with ``effect``, added at ``taint_times[device]`` (RFC 3339, whole seconds; the
+    node name); ValueError otherwise. Each Unhealthy device carries its taint
+    (``dra.taints``) with ``effect``, added at ``taint_times[device]`` (RFC 3339, whole seconds; the
     publisher keeps it while the device stays tainted, so rebuilding never changes it)."""
     times = taint_times or {}
     if not is_dns_subdomain(node):
@@ -377,11 +357,8 @@ def build_pool(
         omissions.extend(left_out)
         device: dict[str, Any] = {"name": device_id, "attributes": attributes}
         if not entry.healthy:
-            taint = {"key": TAINT_KEY, "value": taint_value(entry.verdict.status),
-                     "effect": effect}  # fmt: skip
-            if device_id in times:
-                taint["timeAdded"] = times[device_id]
-            device["taints"] = (taint,)
+            added = times.get(device_id)
+            device["taints"] = (taints.taint_json(entry.verdict.status, effect, added),)
         devices.append((natural_key(device_id), device))
     devices.sort(key=lambda pair: pair[0])
     ordered = [device for _, device in devices]
