@@ -18,12 +18,17 @@ from rbln_device_plugin.api.dra.v1 import api_pb2 as v1
 from rbln_device_plugin.api.dra.v1 import api_pb2_grpc as v1_grpc
 from rbln_device_plugin.api.dra.v1beta1 import api_pb2 as v1beta1
 from rbln_device_plugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from rbln_device_plugin.api.drahealth.v1 import api_pb2 as health_v1
+from rbln_device_plugin.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from rbln_device_plugin.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from rbln_device_plugin.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from rbln_device_plugin.api.pluginregistration.v1 import api_pb2 as reg
 from rbln_device_plugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from rbln_device_plugin.dra.claims import ClaimRef
 
 # The kubelet's lists (dra_plugin.go): services it knows, in its order.
 KUBELET_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+KUBELET_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 @dataclass
@@ -34,6 +39,10 @@ class KubeletSide:
     info: reg.PluginInfo | None = None
     service: str = ""
     channel: grpc.aio.Channel | None = None
+    # The health services this kubelet knows (1.37: both; a kubelet of 1.34-1.36 only
+    # v1alpha1), and the one it chose ("" when the plugin announces none of them).
+    health_services: tuple[str, ...] = KUBELET_HEALTH_SERVICES
+    health_service: str = ""
 
     async def register(self) -> None:
         async with grpc.aio.insecure_channel(f"unix:{self.socket}") as channel:
@@ -44,6 +53,9 @@ class KubeletSide:
             chosen = [s for s in info.supported_versions if s in KUBELET_SERVICES]
             assert chosen, info.supported_versions
             self.info, self.service = info, chosen[0]
+            # pickHealthService: the kubelet's list in its order, the first the plugin has.
+            picked = [s for s in self.health_services if s in info.supported_versions]
+            self.health_service = picked[0] if picked else ""
             self.channel = grpc.aio.insecure_channel(f"unix:{endpoint}")
             await client.NotifyRegistrationStatus(
                 reg.RegistrationStatus(plugin_registered=True), timeout=5
@@ -68,6 +80,16 @@ class KubeletSide:
             v1.NodeUnprepareResourcesRequest(claims=[_claim(v1, r) for r in refs]), timeout=45
         )
         return {uid: answer.claims[uid].error for uid in answer.claims}
+
+    def watch_health(self) -> Any:
+        """NodeWatchResources on the negotiated health service (the stream's call object:
+        ``read()`` each message, ``cancel()`` to end it)."""
+        assert self.channel is not None and self.health_service, self.info
+        if self.health_service == "v1.DRAResourceHealth":
+            stub: Any = health_v1_grpc.DRAResourceHealthStub(self.channel)
+            return stub.NodeWatchResources(health_v1.NodeWatchResourcesRequest())
+        stub = health_v1alpha1_grpc.DRAResourceHealthStub(self.channel)
+        return stub.NodeWatchResources(health_v1alpha1.NodeWatchResourcesRequest())
 
     async def close(self) -> None:
         if self.channel is not None:

@@ -1078,6 +1078,7 @@ DRA_MODE_ONLY = {
     "RBLN_MODE", "KUBELET_PLUGINS_REGISTRY_PATH", "KUBELET_PLUGINS_PATH", "KUBECONFIG",
     # dra mode, and device-plugin mode with modeSwitch (a node switched between the modes)
     "KUBELET_POD_RESOURCES_SOCKET",
+    "RBLN_DRA_TAINT_NO_EXECUTE",
 }  # fmt: skip
 
 

@@ -143,6 +143,8 @@ def test_dra_mode_runs_the_same_image_as_a_dra_kubelet_plugin(
         "RBLN_MODE": "dra",
         "KUBELET_PLUGINS_REGISTRY_PATH": "/var/lib/kubelet/plugins_registry",
         "KUBELET_PLUGINS_PATH": "/var/lib/kubelet/plugins",
+        # Unhealthy devices are tainted NoSchedule: eviction is the operator's choice.
+        "RBLN_DRA_TAINT_NO_EXECUTE": "false",
         "CDI_ROOT": "/var/run/cdi",
         "CDI_STATIC_DIR": "/etc/cdi",
         "HEALTHCHECK_PORT": "51515",
@@ -203,6 +205,17 @@ def test_dra_paths_are_configurable_and_reach_env_and_mounts(helm: Helm) -> None
         False,
     )
     assert mounts["/var/lib/k0s/kubelet/plugins"] == ("/var/lib/k0s/kubelet/plugins", False)
+
+
+def test_no_execute_taints_are_a_chart_value_of_dra_mode_only(helm: Helm) -> None:
+    manifest = helm.template(*DRA, "--set", "devicePlugin.draTaintNoExecute=true")
+    env = literal_env(manifest)
+    assert env["RBLN_DRA_TAINT_NO_EXECUTE"] == "true"
+    assert options.parse([], {**env, **NODE}).dra_taint_no_execute is True
+    done = helm.attempt("--set", "devicePlugin.draTaintNoExecute=true")
+    assert refused_by_chart(done), done.stderr
+    assert "devicePlugin.draTaintNoExecute taints devices in ResourceSlices" in done.stderr
+    assert "pattern" not in done.stderr
 
 
 def test_dra_mode_environment_is_what_the_cli_reads(dra: str) -> None:
@@ -421,6 +434,9 @@ def test_dra_only_names_are_free_in_device_plugin_mode(helm: Helm) -> None:
           f"{PLUGIN}.extraEnv[0].value=device-plugin"), "extraEnv/0/name"),
         (("--set", f"{PLUGIN}.extraEnv[0].name=KUBELET_PLUGINS_PATH", "--set",
           f"{PLUGIN}.extraEnv[0].value=/x"), "extraEnv/0/name"),
+        (("--set", f"{PLUGIN}.extraEnv[0].name=RBLN_DRA_TAINT_NO_EXECUTE", "--set",
+          f"{PLUGIN}.extraEnv[0].value=true"), "extraEnv/0/name"),
+        (("--set", f"{PLUGIN}.draTaintNoExecute=yes"), "draTaintNoExecute"),
     ],
 )  # fmt: skip
 def test_the_schema_refuses_unknown_modes_and_mode_settings(

@@ -287,7 +287,12 @@ async def test_dra_metrics_say_the_mode_and_count_slice_writes_and_claims(
             await kubelet.register()
             ref = await allocate(api, "metrics-claim", ["rbln3"])
             assert (await kubelet.prepare(ref))[ref.uid].error == ""
+            watch = kubelet.watch_health()  # the kubelet's health stream, held open
+            await asyncio.wait_for(watch.read(), 10)
+            node.sim.set_status("rbln2", 4)  # FAULT: tainted in the slice
+            await records.await_log("Device tainted in the ResourceSlices", device="rbln2")
             samples = await scrape(await metrics_port(records))
+            watch.cancel()
         finally:
             await kubelet.close()
     assert value(samples, "mode", mode="dra") == 1
@@ -298,6 +303,10 @@ async def test_dra_metrics_say_the_mode_and_count_slice_writes_and_claims(
     assert value(samples, "dra_claims_total", operation="prepare", result="claim") == 0
     assert value(samples, "dra_prepared_claims") == 1
     assert value(samples, "dra_prepare_duration_seconds_count", result="ok") == 1
+    assert value(samples, "dra_health_streams", service="v1") == 1
+    assert value(samples, "dra_health_streams", service="v1alpha1") == 0
+    assert value(samples, "dra_device_taints_total", change="applied") == 1
+    assert value(samples, "dra_device_taints_total", change="removed") == 0
 
 
 async def test_the_daemon_process_in_dra_mode_speaks_tls_to_the_api_server(

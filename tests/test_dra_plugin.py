@@ -146,7 +146,9 @@ async def test_registration_follows_the_plugin_watchers_protocol(
     assert kubelet.info is not None
     assert kubelet.info.name == "npu.rebellions.ai"
     assert kubelet.info.endpoint == str(node.plugin_dir / "dra.sock")
-    assert list(kubelet.info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(kubelet.info.supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth",
+    ]  # fmt: skip
     assert kubelet.service == "v1.DRAPlugin"
     assert plugin.registration.registered is True
     # The endpoint serves the moment GetInfo answered (the kubelet may call it at once).

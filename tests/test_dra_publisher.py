@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,12 @@ from structlog.testing import capture_logs
 
 from rbln_device_plugin.dra import publisher as pub
 from rbln_device_plugin.dra import slices
+from rbln_device_plugin.dra import taints as taints_mod
 from rbln_device_plugin.dra.publisher import SlicePublisher
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.model.health import Health, Verdict
 from rbln_device_plugin.model.inventory import Device
+from rbln_device_plugin.telemetry import metrics as m
 
 from . import kubeapi
 from .dra_scan import scanned
@@ -205,13 +208,13 @@ async def test_a_fault_and_a_vanished_device_are_republished_at_the_next_generat
     await publisher.close()
 
 
-async def test_129_devices_make_two_slices_and_shrinking_deletes_the_extra_one(api: Api) -> None:
+async def test_65_devices_make_two_slices_and_shrinking_deletes_the_extra_one(api: Api) -> None:
     await api.node("node-big")
     publisher, wire = api.publisher("node-big")
-    await publisher.publish(many(129))
+    await publisher.publish(many(65))
     listed = await api.slices("node-big")
     assert [(s.metadata.name, len(s.spec.devices)) for s in listed] == [
-        ("node-big-npu.rebellions.ai-0", 128),
+        ("node-big-npu.rebellions.ai-0", 64),
         ("node-big-npu.rebellions.ai-1", 1),
     ]
     assert await api.generations("node-big") == {(1, 2)}
@@ -229,7 +232,7 @@ async def test_129_devices_make_two_slices_and_shrinking_deletes_the_extra_one(a
 async def test_a_restart_never_goes_back_and_removes_what_it_does_not_want(api: Api) -> None:
     await api.node("node-restart")
     first, _ = api.publisher("node-restart")
-    for count in (129, 130, 131):
+    for count in (65, 66, 67):
         await first.publish(many(count))
     await first.close()
     assert await api.generations("node-restart") == {(3, 2)}
@@ -237,12 +240,12 @@ async def test_a_restart_never_goes_back_and_removes_what_it_does_not_want(api: 
     # A new life, same devices: the server already says it all; nothing is written.
     same, wire = api.publisher("node-restart")
     with capture_logs() as logs:
-        await same.publish(many(131))
+        await same.publish(many(67))
     assert sorted(wire.requests) == [("GET", "nodes"), ("GET", "resourceslices")]
     assert same.generation == 3 and same.writes == {"create": 0, "update": 0, "delete": 0}
     assert [r["event"] for r in logs] == [pub.CURRENT_MSG]
     wire.requests.clear()
-    await same.publish(many(131))
+    await same.publish(many(67))
     assert wire.requests == []
     await same.close()
 
@@ -390,7 +393,7 @@ async def test_remove_all_deletes_this_nodes_slices_only(api: Api) -> None:
     await api.node("node-keep")
     remover, _ = api.publisher("node-rm")
     keeper, _ = api.publisher("node-keep")
-    await remover.publish(many(130))
+    await remover.publish(many(66))
     await keeper.publish(many(1))
     with capture_logs() as logs:
         assert await remover.remove_all()
@@ -408,9 +411,9 @@ async def test_remove_all_deletes_this_nodes_slices_only(api: Api) -> None:
 async def test_publishes_of_one_publisher_do_not_interleave(api: Api) -> None:
     await api.node("node-race")
     publisher, _ = api.publisher("node-race")
-    await asyncio.gather(*(publisher.publish(many(n)) for n in (1, 129, 2, 130)))
+    await asyncio.gather(*(publisher.publish(many(n)) for n in (1, 65, 2, 66)))
     assert await api.generations("node-race") == {(4, 2)}
-    assert len(await api.devices("node-race")) == 130
+    assert len(await api.devices("node-race")) == 66
     assert publisher.failures == 0
     await publisher.close()
 
@@ -424,3 +427,139 @@ def test_devices_left_out_are_logged_once_while_it_lasts() -> None:
     assert [(r["event"], r["log_level"], r["device"]) for r in logs] == [
         (pub.DEVICE_LEFT_OUT_MSG, "error", "RBLN9")
     ]
+
+
+# ---------------------------------------------------------------- taints of unhealthy devices
+class TaintCounts(m.Metrics):
+    def __init__(self) -> None:
+        self.taints = {m.TAINT_APPLIED: 0, m.TAINT_REMOVED: 0}
+
+    def dra_taints(self, change: str, count: int) -> None:
+        self.taints[change] += count
+
+
+def clock(*stamps: str) -> taints_mod.TaintTimes:
+    """Taint times from a fixed clock: each ``stamp`` call reads the next of ``stamps``."""
+    times = iter(datetime.fromisoformat(t) for t in stamps)
+    last: list[datetime] = []
+
+    def now() -> datetime:
+        last[:] = [next(times, last[0] if last else datetime(2026, 1, 1, tzinfo=UTC))]
+        return last[0]
+
+    return taints_mod.TaintTimes(now)
+
+
+async def taints(api: Api, node: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        d.name: [t.to_dict() for t in d.taints]
+        for s in await api.slices(node)
+        for d in s.spec.devices or []
+        if d.taints
+    }
+
+
+def taint(value: str, added: str, effect: str = "NoSchedule") -> list[dict[str, Any]]:
+    return [{"key": "npu.rebellions.ai/unhealthy", "value": value, "effect": effect,
+             "timeAdded": added}]  # fmt: skip
+
+
+async def test_a_fault_is_tainted_until_a_ready_read_with_one_write_per_change(api: Api) -> None:
+    await api.node("node-taint")
+    counts = TaintCounts()
+    wire = Wire()
+    client = AsyncClient(KubeConfig.from_file(Path(api.server.kubeconfig)), transport=wire)
+    publisher = SlicePublisher(
+        client, "node-taint", counts,
+        taint_times=clock("2026-12-01T10:00:00+00:00", "2026-12-01T10:05:00+00:00"),
+    )  # fmt: skip
+    async with scanned("atom-max-8") as node:
+        await publisher.publish(node.entries())
+        assert await taints(api, "node-taint") == {}
+        wire.requests.clear()
+
+        node.sim.set_status("rbln6", 4)
+        with capture_logs() as logs:
+            await publisher.publish(await node.scan())
+        assert wire.requests == [("PUT", "resourceslices")]
+        assert await taints(api, "node-taint") == {"rbln6": taint("FAULT", "2026-12-01T10:00:00Z")}
+        [record] = [r for r in logs if r["event"] == taints_mod.TAINTED_MSG]
+        assert (record["device"], record["value"], record["effect"], record["log_level"]) == (
+            "rbln6", "FAULT", "NoSchedule", "warning",
+        )  # fmt: skip
+        assert counts.taints == {"applied": 1, "removed": 0}
+
+        # Scans that find the same: nothing is sent, the taint's time never moves.
+        wire.requests.clear()
+        for _ in range(3):
+            await publisher.publish(await node.scan())
+        assert wire.requests == []
+
+        # The history keeps an unreadable status Unhealthy: the value says UNREADABLE, the
+        # taint keeps its time (no flap for the eviction's clock).
+        node.sim.set_status("rbln6", "garbage")
+        await publisher.publish(await node.scan())
+        assert wire.requests == [("PUT", "resourceslices")]
+        assert await taints(api, "node-taint") == {
+            "rbln6": taint("UNREADABLE", "2026-12-01T10:00:00Z")
+        }
+        assert counts.taints == {"applied": 2, "removed": 0}  # a new value is a new taint
+
+        node.sim.set_status("rbln6", 0)
+        with capture_logs() as logs:
+            await publisher.publish(await node.scan())
+        assert await taints(api, "node-taint") == {}
+        [record] = [r for r in logs if r["event"] == taints_mod.UNTAINTED_MSG]
+        assert (record["device"], record["value"]) == ("rbln6", "UNREADABLE")
+        assert counts.taints == {"applied": 2, "removed": 1}
+
+        # A later fault is a new taint, with the time it was found.
+        node.sim.set_status("rbln6", 4)
+        await publisher.publish(await node.scan())
+        assert await taints(api, "node-taint") == {"rbln6": taint("FAULT", "2026-12-01T10:05:00Z")}
+        assert used(wire) <= ALLOWED
+    await publisher.close()
+
+
+async def test_a_restart_keeps_the_taints_times_and_writes_nothing(api: Api) -> None:
+    await api.node("node-taint-restart")
+    async with scanned("atom-max-8") as node:
+        node.sim.set_status("rbln3", 4)
+        entries = await node.scan()
+        first, _ = api.publisher("node-taint-restart")
+        first._times = clock("2026-12-01T10:00:00+00:00")
+        await first.publish(entries)
+        await first.close()
+
+        # The next life's clock says later; the server's time is kept, nothing is written.
+        counts = TaintCounts()
+        wire = Wire()
+        client = AsyncClient(KubeConfig.from_file(Path(api.server.kubeconfig)), transport=wire)
+        later = SlicePublisher(client, "node-taint-restart", counts,
+                               taint_times=clock("2026-12-01T11:00:00+00:00"))  # fmt: skip
+        await later.publish(entries)
+        assert sorted(wire.requests) == [("GET", "nodes"), ("GET", "resourceslices")]
+        assert await taints(api, "node-taint-restart") == {
+            "rbln3": taint("FAULT", "2026-12-01T10:00:00Z")
+        }
+        assert counts.taints == {"applied": 0, "removed": 0}  # it was there already
+        node.sim.set_status("rbln3", 0)
+        await later.publish(await node.scan())
+        assert counts.taints == {"applied": 0, "removed": 1}
+        await later.close()
+
+
+async def test_no_execute_is_the_taints_effect_when_chosen(api: Api) -> None:
+    await api.node("node-noexec")
+    client = AsyncClient(KubeConfig.from_file(Path(api.server.kubeconfig)))
+    publisher = SlicePublisher(
+        client, "node-noexec", taint_effect=taints_mod.NO_EXECUTE,
+        taint_times=clock("2026-12-01T10:00:00+00:00"),
+    )  # fmt: skip
+    async with scanned("atom-max-8") as node:
+        node.sim.set_status("rbln0", 1)
+        await publisher.publish(await node.scan())
+    assert await taints(api, "node-noexec") == {
+        "rbln0": taint("BUSY", "2026-12-01T10:00:00Z", "NoExecute")
+    }
+    await publisher.close()

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbln_device_plugin.dra import slices
+from rbln_device_plugin.dra import taints as taints_mod
 from rbln_device_plugin.dra.names import DRIVER_NAME
 from rbln_device_plugin.host.smi import parse_inventory
 from rbln_device_plugin.model.devicetable import Entry
@@ -146,16 +147,20 @@ def test_the_same_devices_in_any_order_build_the_same_pool() -> None:
     ]  # fmt: skip
 
 
-def test_exactly_128_devices_fit_one_slice_and_129_make_two() -> None:
-    full = slices.build_pool(NODE, {NPU: many(128)})
-    assert [len(s.devices) for s in full.slices] == [128]
-    over = slices.build_pool(NODE, {NPU: many(129)})
-    assert [len(s.devices) for s in over.slices] == [128, 1]
+def test_exactly_64_devices_fit_one_slice_and_65_make_two() -> None:
+    # 64, not the API's 128: a slice holding a tainted device may hold 64 at most, and a
+    # fault must not move devices between slices.
+    full = slices.build_pool(NODE, {NPU: many(64)})
+    assert [len(s.devices) for s in full.slices] == [64]
+    over = slices.build_pool(NODE, {NPU: many(65)})
+    assert [len(s.devices) for s in over.slices] == [64, 1]
     assert over.names == (f"{NODE}-npu.rebellions.ai-0", f"{NODE}-npu.rebellions.ai-1")
     bodies = over.objects(3)
     assert {b["spec"]["pool"]["resourceSliceCount"] for b in bodies} == {2}
     assert {b["spec"]["pool"]["generation"] for b in bodies} == {3}
-    assert bodies[1]["spec"]["devices"][0]["name"] == "rbln128"
+    assert bodies[1]["spec"]["devices"][0]["name"] == "rbln64"
+    faulted = {**many(65), "rbln3": entry("rbln3", FAULT, bus="0000:00:03.1")}
+    assert slices.build_pool(NODE, {NPU: faulted}).names == over.names  # nothing moves
 
 
 def test_no_devices_is_one_empty_slice() -> None:
@@ -298,8 +303,8 @@ def test_every_device_is_in_exactly_one_slice_of_one_complete_generation(
     bodies = pool.objects(5)
     published = [d["name"] for b in bodies for d in b["spec"]["devices"]]
     assert sorted(published) == sorted(i for ds in entries.values() for i in ds)
-    assert all(len(b["spec"]["devices"]) <= 128 for b in bodies)
-    assert len(bodies) == max(1, -(-len(published) // 128))
+    assert all(len(b["spec"]["devices"]) <= 64 for b in bodies)
+    assert len(bodies) == max(1, -(-len(published) // 64))
     assert {(b["spec"]["pool"]["generation"], b["spec"]["pool"]["resourceSliceCount"])
             for b in bodies} == {(5, len(bodies))}  # fmt: skip
     assert len({b["metadata"]["name"] for b in bodies}) == len(bodies)
@@ -307,6 +312,10 @@ def test_every_device_is_in_exactly_one_slice_of_one_complete_generation(
         for d in b["spec"]["devices"]:
             assert len(d["attributes"]) <= 32
             assert all(len(v.get("string", "").encode()) <= 64 for v in d["attributes"].values())
+            healthy = d["attributes"]["healthy"]["bool"]
+            assert d.get("taints", []) == ([] if healthy else [
+                {"key": "npu.rebellions.ai/unhealthy", "value": "FAULT", "effect": "NoSchedule"}
+            ])  # fmt: skip
     assert slices.build_pool(NODE, entries) == pool  # deterministic
 
 
@@ -324,3 +333,32 @@ async def test_a_scanned_node_publishes_every_offered_device_and_no_pf_hosting_v
     assert found["rbln0-2"]["parentPciBusID"] == {"string": "0000:17:00.0"}
     assert all("uuid" in a for a in found.values())  # the simulator's rbln-smi prints one
     assert pool.omissions == ()
+
+
+@pytest.mark.parametrize(
+    ("verdict", "value"),
+    [
+        (FAULT, "FAULT"),
+        (Verdict(Health.UNHEALTHY, "BUSY"), "BUSY"),
+        (Verdict(Health.UNHEALTHY, "UNREADABLE", "FAULT"), "UNREADABLE"),
+        (Verdict(Health.UNHEALTHY, "UNKNOWN(7)"), "UNKNOWN"),
+        (Verdict(Health.UNHEALTHY, "UNKNOWN(-12)"), "UNKNOWN"),
+    ],
+)
+def test_an_unhealthy_device_is_tainted_with_its_status_name(verdict: Verdict, value: str) -> None:
+    entries = {NPU: {"rbln0": entry("rbln0", verdict), "rbln1": entry("rbln1", bus="0000:06:00.0")}}
+    times = {"rbln0": "2026-12-01T10:00:00Z"}
+    for effect in (taints_mod.NO_SCHEDULE, taints_mod.NO_EXECUTE):
+        pool = slices.build_pool(NODE, entries, effect, times)
+        (body,) = pool.objects(1)
+        tainted, healthy = body["spec"]["devices"]
+        assert tainted["taints"] == [{
+            "key": "npu.rebellions.ai/unhealthy", "value": value, "effect": effect,
+            "timeAdded": "2026-12-01T10:00:00Z",
+        }]  # fmt: skip
+        assert "taints" not in healthy
+        assert pool.taints() == {"rbln0": (value, effect)}
+    assert slices.tainted(entries) == {"rbln0"}
+    # An unreadable status without an unresolved fault is Healthy: no taint.
+    plain = {NPU: {"rbln0": entry("rbln0", Verdict(Health.HEALTHY, "UNREADABLE"))}}
+    assert slices.build_pool(NODE, plain).taints() == {}

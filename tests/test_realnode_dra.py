@@ -69,6 +69,8 @@ def claim_template(name: str, device_class: str, count: int, **extra: Any) -> di
     request: dict[str, Any] = {"deviceClassName": device_class, "count": count}
     if "selector" in extra:
         request["selectors"] = [{"cel": {"expression": extra["selector"]}}]
+    if extra.get("tolerate"):  # a claim that may get a tainted (Unhealthy) device
+        request["tolerations"] = [{"key": f"{DOMAIN}/unhealthy", "operator": "Exists"}]
     spec: dict[str, Any] = {"devices": {"requests": [{"name": "npus", "exactly": request}]}}
     if "match" in extra:
         spec["devices"]["constraints"] = [{"requests": ["npus"], "matchAttribute": extra["match"]}]
@@ -287,14 +289,18 @@ def test_a_plugin_restart_between_prepare_and_unprepare_neither_leaks_nor_repeat
 def test_a_device_faulted_after_allocation_is_refused_at_prepare_by_name(dra: Cluster) -> None:
     target = next(d for d in dra.sim.layout.devices if d.name == "rbln3")
     selector = f'device.attributes["resource.kubernetes.io"].pciBusID == "{target.bus_id}"'
-    dra.sim.set_status("rbln3", 4)  # FAULT: still published (taints come with DRA health)
+    dra.sim.set_status("rbln3", 4)  # FAULT: published tainted; this claim tolerates that
     try:
         wait_for(
             "rbln3 published unhealthy",
             lambda: published(dra)["rbln3"]["healthy"] == {"bool": False},
         )
         dra.delete_pod("dra-faulted")
-        dra.apply(claim_template("the-faulted-one", "npu.rebellions.ai", 1, selector=selector))
+        dra.apply(
+            claim_template(
+                "the-faulted-one", "npu.rebellions.ai", 1, selector=selector, tolerate=True
+            )
+        )
         dra.apply(claiming_pod("dra-faulted", "the-faulted-one"))
         said = wait_for(
             "the kubelet's prepare failure",

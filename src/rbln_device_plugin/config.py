@@ -342,6 +342,12 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "dra mode: a kubeconfig file for the API server; empty: the pod's service account "
            "(in-cluster)", "PATH", shown_default="in-cluster", kind=STRING,
            convert=_optional_path),
+    Option("dra_taint_no_execute", "--dra-taint-no-execute", "RBLN_DRA_TAINT_NO_EXECUTE",
+           "false",
+           "dra mode: taint Unhealthy devices NoExecute instead of NoSchedule, so that pods "
+           "holding a faulted device are evicted (unless they tolerate the taint); off, "
+           "they keep running and only new claims avoid the device", "BOOL", kind=BOOL,
+           convert=_bool),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515",
            "TCP port of the gRPC health service, an integer as Go reads it; negative "
            "disables it, 0 picks a free port; a Kubernetes service link value "
@@ -447,6 +453,7 @@ class Config:
     kubeconfig: Path | None = None
     # None: off (see the option's help).
     kubelet_pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    dra_taint_no_execute: bool = False
     # Where each setting came from ("flag", "env" or "default"), so that a later message
     # about a value can name what supplied it. Not part of the configuration itself.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from rbln_device_plugin.dra import slices
+from rbln_device_plugin.dra import slices, taints
 from rbln_device_plugin.dra.names import DRIVER_NAME
 from rbln_device_plugin.model.devicetable import Entry
 from rbln_device_plugin.model.streaks import FailureStreak
@@ -95,9 +95,20 @@ class SlicePublisher:
     removals; ``generation`` is the pool generation the server holds (0: none yet).
     """
 
-    def __init__(self, client: Any, node: str, metrics: m.Metrics = m.NOOP) -> None:
+    def __init__(
+        self,
+        client: Any,
+        node: str,
+        metrics: m.Metrics = m.NOOP,
+        *,
+        taint_effect: str = taints.NO_SCHEDULE,
+        taint_times: taints.TaintTimes | None = None,
+    ) -> None:
         if not slices.is_dns_subdomain(node):
             raise ValueError(f"node name {node[:80]!r} is not a DNS subdomain")
+        self.taint_effect = taint_effect
+        self._times = taint_times or taints.TaintTimes()
+        self._taints = taints.TaintLedger(node, metrics)
         self._client = client  # a lightkube AsyncClient
         self.node = node
         self.generation = 0
@@ -112,7 +123,7 @@ class SlicePublisher:
         self._versions: dict[str, str] | None = None
         self._streak = FailureStreak()
         self._omitted: frozenset[str] = frozenset()
-        self._built: tuple[dict[str, dict[str, Entry]], slices.Pool] | None = None
+        self._built: tuple[dict[str, dict[str, Entry]], dict[str, str], slices.Pool] | None = None
 
     @classmethod
     def from_kubeconfig(cls, path: Path | None, node: str) -> SlicePublisher:
@@ -127,15 +138,21 @@ class SlicePublisher:
         plugin's slices when it deregisters): the next publish looks and repairs."""
         self._versions = None
 
+    def _pool(self, entries: Mapping[str, Mapping[str, Entry]]) -> slices.Pool:
+        """The pool for ``entries``, its taints stamped with their kept times."""
+        times = self._times.stamp(slices.tainted(entries))
+        # The same entries and times as last time build the same pool: comparing them
+        # (frozen dataclasses) costs a fraction of building it.
+        built = self._built
+        if built is not None and built[1] == times and _same_entries(entries, built[0]):
+            return built[2]
+        pool = slices.build_pool(self.node, entries, self.taint_effect, times)
+        self._built = ({r: dict(m) for r, m in entries.items()}, times, pool)
+        self._log_omissions(pool.omissions)
+        return pool
+
     async def publish(self, entries: Mapping[str, Mapping[str, Entry]]) -> None:
-        # The same entries as last time build the same pool: comparing them (frozen
-        # dataclasses) costs a fraction of building it.
-        if self._built is not None and _same_entries(entries, self._built[0]):
-            pool = self._built[1]
-        else:
-            pool = slices.build_pool(self.node, entries)
-            self._built = ({r: dict(m) for r, m in entries.items()}, pool)
-            self._log_omissions(pool.omissions)
+        pool = self._pool(entries)
         async with self._lock:
             written = self._written if self._versions is not None else None
             if written is not None and pool.slices == written.slices:
@@ -143,9 +160,10 @@ class SlicePublisher:
             started = time.monotonic()
             try:
                 async with asyncio.timeout(PUBLISH_TIMEOUT_S):
-                    done = await self._sync(pool)
+                    done = await self._sync(pool, entries)
             except Exception as exc:  # never into the scan loop; logged
                 self._versions = None
+                self._taints.forget()
                 self.failures += 1
                 reason = describe_failure(exc)
                 say = log.error if self._streak.failed(reason) else log.debug
@@ -154,6 +172,7 @@ class SlicePublisher:
         failed_before = self._streak.succeeded()
         extra = {"failedAttempts": failed_before} if failed_before else {}
         if done is None:
+            self._taints.holds(pool.taints())
             log.info(
                 CURRENT_MSG,
                 node=self.node,
@@ -163,6 +182,7 @@ class SlicePublisher:
                 **extra,
             )
             return
+        self._taints.holds(pool.taints())
         log.info(
             PUBLISHED_MSG,
             node=self.node,
@@ -180,6 +200,7 @@ class SlicePublisher:
         """Delete every slice of this driver and node; False (logged) when that failed."""
         async with self._lock:
             self._versions, self._written = None, None
+            self._taints.forget()
             try:
                 async with asyncio.timeout(PUBLISH_TIMEOUT_S):
                     names = sorted(await self._list())
@@ -290,7 +311,9 @@ class SlicePublisher:
         fields = {"spec.nodeName": self.node, "spec.driver": DRIVER_NAME}
         return {s.metadata.name: s async for s in self._client.list(ResourceSlice, fields=fields)}
 
-    async def _sync(self, pool: slices.Pool) -> dict[str, int] | None:
+    async def _sync(
+        self, pool: slices.Pool, entries: Mapping[str, Mapping[str, Entry]]
+    ) -> dict[str, int] | None:
         """Make the server hold ``pool``; the writes by verb, or None when it already did."""
         if self._owner is None:
             from lightkube.resources.core_v1 import Node
@@ -299,6 +322,14 @@ class SlicePublisher:
             self._owner = slices.node_owner(self.node, node.metadata.uid)
         if self._versions is None:
             found = await self._list()
+            held, times = taints.server_taints(
+                device
+                for piece in found.values()
+                for device in piece.to_dict().get("spec", {}).get("devices") or ()
+            )
+            self._taints.listed(held)
+            if self._times.adopt(times):  # a restart keeps the taints' times
+                pool = self._pool(entries)
             generations = [s.spec.pool.generation for s in found.values()]
             if self._holds(found, pool):
                 self.generation = generations[0]

@@ -15,14 +15,19 @@ from typing import Any
 
 import grpc
 
-from rbln_device_plugin.api import dra, pluginregistration
+from rbln_device_plugin.api import dra, drahealth, pluginregistration
 from rbln_device_plugin.api.pluginregistration.v1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
 
-# v1 first: the kubelet takes the first entry of this list it knows.
-SUPPORTED_SERVICES = (dra.DRA_PLUGIN_V1, dra.DRA_PLUGIN_V1BETA1)
+# v1 first: the kubelet takes the first entry of this list it knows, for the DRAPlugin
+# service and, separately, for the optional DRAResourceHealth one (which a kubelet
+# without it ignores: it matches its own list of DRAPlugin versions only).
+SUPPORTED_SERVICES = (
+    dra.DRA_PLUGIN_V1, dra.DRA_PLUGIN_V1BETA1,
+    drahealth.DRA_RESOURCE_HEALTH_V1, drahealth.DRA_RESOURCE_HEALTH_V1ALPHA1,
+)  # fmt: skip
 
 
 class RegistrationServicer(api_pb2_grpc.RegistrationServicer):

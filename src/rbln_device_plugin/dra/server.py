@@ -1,4 +1,5 @@
-"""The DRA kubelet plugin's two sockets: the service endpoint, then the registration.
+"""The DRA kubelet plugin's two sockets: the service endpoint (DRAPlugin and
+DRAResourceHealth), then the registration.
 
 Start order matters to the kubelet: once the registration socket appears under
 ``plugins_registry/`` the plugin watcher calls ``GetInfo`` and may call the endpoint right
@@ -21,13 +22,17 @@ import grpc
 
 from rbln_device_plugin.api.dra.v1 import api_pb2_grpc as v1_grpc
 from rbln_device_plugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from rbln_device_plugin.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from rbln_device_plugin.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from rbln_device_plugin.api.pluginregistration.v1 import api_pb2_grpc as registration_grpc
-from rbln_device_plugin.dra import names
+from rbln_device_plugin.dra import health, names
+from rbln_device_plugin.dra.healthstream import HealthFeed, HealthV1, HealthV1alpha1
 from rbln_device_plugin.dra.prepare import Preparer
 from rbln_device_plugin.dra.registration import RegistrationServicer
 from rbln_device_plugin.dra.service import DraPluginV1, DraPluginV1beta1
 from rbln_device_plugin.host import paths, pluginsocket
 from rbln_device_plugin.host.hostio import HostIO, Stalled
+from rbln_device_plugin.telemetry import metrics as m
 from rbln_device_plugin.telemetry.logs import get_logger
 
 log = get_logger()
@@ -52,6 +57,9 @@ class DraPlugin:
     registry_dir: Path  # <kubelet root>/plugins_registry
     plugin_dir: Path  # <kubelet root>/plugins/<driver>
     hostio: HostIO
+    # Each scan's device health, streamed to the kubelet (DRAResourceHealth).
+    feed: HealthFeed = field(default_factory=lambda: HealthFeed(health.MIN_TIMEOUT_S))
+    metrics: m.Metrics = m.NOOP
     registration: RegistrationServicer = field(init=False)
     _served: list[_Served] = field(default_factory=list)
 
@@ -77,6 +85,12 @@ class DraPlugin:
         service = grpc.aio.server()
         v1_grpc.add_DRAPluginServicer_to_server(DraPluginV1(self.preparer), service)
         v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginV1beta1(self.preparer), service)
+        health_v1_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthV1(self.feed, self.metrics), service
+        )
+        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthV1alpha1(self.feed, self.metrics), service
+        )
         await self._serve(self.endpoint, service)
         registrar = grpc.aio.server()
         registration_grpc.add_RegistrationServicer_to_server(self.registration, registrar)
@@ -103,7 +117,9 @@ class DraPlugin:
         await server.start()
 
     async def stop(self) -> None:
-        """Registration socket first (the watcher deregisters), then the endpoint."""
+        """Registration socket first (the watcher deregisters), then the endpoint. The
+        health streams end first, cleanly: the servers' grace is not spent on them."""
+        await self.feed.close()
         while self._served:
             served = self._served.pop()
             await served.server.stop(STOP_GRACE_S)

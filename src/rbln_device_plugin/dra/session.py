@@ -1,8 +1,9 @@
 """The DRA front end's part of the scan loop, as ``kubelet.session`` is the device plugin's.
 
 Each scan's devices reach the core's device states (``DraDevices``: the same health
-history and final checks as the device plugin's) and then the ResourceSlice publisher,
-which writes only what changed. The kubelet plugin (``dra.server``) serves from start to
+history and final checks as the device plugin's), then the kubelet's device-health
+streams (``dra.healthstream``, every scan) and the ResourceSlice publisher, which writes
+only what changed. The kubelet plugin (``dra.server``) serves from start to
 stop: the kubelet's plugin watcher finds its registration socket by itself, after a
 kubelet restart too, so there is no restart to act on here.
 
@@ -20,8 +21,9 @@ from typing import Any, Protocol
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.config import Config
 from rbln_device_plugin.core.devices import NodeDevices
-from rbln_device_plugin.dra import names
+from rbln_device_plugin.dra import health, names, taints
 from rbln_device_plugin.dra.apiclaims import ApiClaims, ClaimSource
+from rbln_device_plugin.dra.healthstream import HealthFeed
 from rbln_device_plugin.dra.prepare import DraDevices, Preparer
 from rbln_device_plugin.dra.server import DraPlugin
 from rbln_device_plugin.host.hostio import HostIO
@@ -68,7 +70,9 @@ def api_parts(config: Config, metrics: m.Metrics = m.NOOP) -> DraParts:
     except Exception as exc:  # lightkube's ConfigError, an unreadable or broken file
         source = str(config.kubeconfig) if config.kubeconfig else "the pod's service account"
         raise ApiSetupError(f"{source}: {exc}") from None
-    return DraParts(claims, SlicePublisher(claims.client, config.node_name, metrics))
+    effect = taints.NO_EXECUTE if config.dra_taint_no_execute else taints.NO_SCHEDULE
+    publisher = SlicePublisher(claims.client, config.node_name, metrics, taint_effect=effect)
+    return DraParts(claims, publisher)
 
 
 async def close_parts(parts: DraParts) -> None:
@@ -102,9 +106,11 @@ class DraSession:
             plugin_dir=self.plugin_dir, hostio=hostio, metrics=metrics,
             rsd_queue=rsd_queue, wake=wake_scan,
         )  # fmt: skip
+        self.feed = HealthFeed(health.timeout_seconds(config.scan_interval))
         self.plugin = DraPlugin(
-            self.preparer, config.kubelet_plugins_registry_path, self.plugin_dir, hostio
-        )
+            self.preparer, config.kubelet_plugins_registry_path, self.plugin_dir, hostio,
+            feed=self.feed, metrics=metrics,
+        )  # fmt: skip
         # Set once the kubelet accepted the registration (the `registered` health service).
         self.registered = asyncio.Event()
         self._serving = False
@@ -155,7 +161,9 @@ class DraSession:
     async def reconcile(
         self, offered: Mapping[str, Sequence[Device]], withheld: frozenset[str] = frozenset()
     ) -> None:
-        """The scan's devices into the core's states, then into the ResourceSlices, but for
+        """The scan's devices into the core's states, then to the kubelet's health streams
+        (every scan: a list not re-sent goes stale there), then into the ResourceSlices
+        (only what changed; an API server that hangs cannot hold the health back), but for
         those ``withheld`` (held by the device-plugin mode's pods: ``core.otherholds``)."""
         self.devices.withheld = withheld
         await self.devices.update(offered)
@@ -165,6 +173,13 @@ class DraSession:
                 resource: {i: e for i, e in table.items() if i not in withheld}
                 for resource, table in entries.items()
             }
+        held = (
+            d.device
+            for claim in self.preparer.checkpoint.claims.values()
+            for d in claim.devices
+            if d.pool == self.preparer.pool
+        )
+        await self.feed.publish(health.report(self.preparer.pool, entries, held))
         await self._parts.slices.publish(entries)
 
     async def stop_plugins(self) -> None:
@@ -181,4 +196,4 @@ class DraSession:
 
     @property
     def open_streams(self) -> int:
-        return 0
+        return self.feed.streams

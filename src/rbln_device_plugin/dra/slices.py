@@ -14,6 +14,11 @@ Attribute names and types follow Rebellions' own DRA driver (``RBLN-SW/rbln-k8s-
 (``deviceType``, ``parentPciBusID``, ``healthy``, ``status``) is added under names of
 ours. An unknown fact is an absent attribute, never a made-up value.
 
+An Unhealthy device (the core's verdict, as ListAndWatch reports it) carries one taint,
+``npu.rebellions.ai/unhealthy=<status name>`` with the configured effect (NoSchedule, or
+NoExecute when the operator chose eviction): the scheduler then allocates it to no claim
+that does not tolerate it. It goes when the history's rules make the device Healthy.
+
 The API server's limits (``k8s.io/api@v0.37.2`` ``resource/v1/types.go`` and its
 validation) are kept here, so a write is never refused for its shape: at most
 ``MAX_DEVICES_PER_SLICE`` devices per slice (more make more slices of the pool), at most
@@ -32,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from rbln_device_plugin.dra import taints
 from rbln_device_plugin.dra.names import DRIVER_NAME
 from rbln_device_plugin.model import resources
 from rbln_device_plugin.model.devicetable import Entry
@@ -41,11 +47,12 @@ from rbln_device_plugin.model.inventory import natural_key, sid_is_known
 API_VERSION: Final = "resource.k8s.io/v1"
 KIND: Final = "ResourceSlice"
 
-# k8s.io/api@v0.37.2 resource/v1: ResourceSliceMaxDevices (no device of ours uses taints,
-# counters or list attributes, which would lower it to 64),
+# k8s.io/api@v0.37.2 resource/v1: ResourceSliceMaxDevicesWithAdvancedFeatures (a slice
+# with a tainted device holds at most 64; any device may fault at any scan, so every slice
+# keeps to 64 and a fault never moves devices between slices),
 # ResourceSliceMaxAttributesAndCapacitiesPerDevice, DeviceAttributeMaxValueLength (Go's
 # len: bytes), DeviceMaxDomainLength, DeviceMaxIDLength.
-MAX_DEVICES_PER_SLICE: Final = 128
+MAX_DEVICES_PER_SLICE: Final = 64
 MAX_ATTRIBUTES_PER_DEVICE: Final = 32
 MAX_STRING_BYTES: Final = 64
 MAX_DOMAIN_CHARS: Final = 63
@@ -86,7 +93,7 @@ _SUBDOMAIN_RE: Final = re.compile(
 _C_IDENTIFIER_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 Attribute = tuple[str, str | int | bool]  # (qualified name, value)
-DeviceJSON = Mapping[str, Any]  # {"name": ..., "attributes": {...}}
+DeviceJSON = Mapping[str, Any]  # {"name": ..., "attributes": {...}, "taints": [...]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +129,15 @@ class Pool:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.slices)
 
+    def taints(self) -> dict[str, taints.Taint]:
+        """Device -> its taint, for the tainted devices."""
+        return {
+            d["name"]: found
+            for s in self.slices
+            for d in s.devices
+            if (found := taints.device_taint(d)) is not None
+        }
+
     def objects(
         self, generation: int, owner: Mapping[str, Any] | None = None
     ) -> list[dict[str, Any]]:
@@ -149,10 +165,24 @@ def slice_object(
             "driver": DRIVER_NAME,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": [
-                {"name": d["name"], "attributes": dict(d["attributes"])} for d in desired.devices
-            ],
+            "devices": [_device_object(d) for d in desired.devices],
         },
+    }
+
+
+def _device_object(device: DeviceJSON) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": device["name"], "attributes": dict(device["attributes"])}
+    if device.get("taints"):
+        out["taints"] = [dict(t) for t in device["taints"]]
+    return out
+
+
+def tainted(entries: Mapping[str, Mapping[str, Entry]]) -> set[str]:
+    """The devices of the slices that carry a taint: the Unhealthy ones."""
+    return {
+        item[1]
+        for item in offered(entries)
+        if not isinstance(item, Omission) and not item[2].healthy
     }
 
 
@@ -267,10 +297,11 @@ def device_attributes(resource: str, entry: Entry) -> list[Attribute]:
     return found
 
 
-def _offered(
+def offered(
     entries: Mapping[str, Mapping[str, Entry]],
 ) -> Iterator[tuple[str, str, Entry] | Omission]:
-    """Each offered device as (resource, ID, entry), or the Omission that refuses it."""
+    """Each offered device as (resource, ID, entry), or the Omission that refuses it: the
+    devices of the slices, which the health stream reports under the same names."""
     vf_parents = {
         entry.device.parent_bus_id
         for devices in entries.values()
@@ -302,21 +333,33 @@ def _offered(
                 yield resource, device_id, entry
 
 
-def build_pool(node: str, entries: Mapping[str, Mapping[str, Entry]]) -> Pool:
+def build_pool(
+    node: str,
+    entries: Mapping[str, Mapping[str, Entry]],
+    effect: str = taints.NO_SCHEDULE,
+    taint_times: Mapping[str, str] | None = None,
+) -> Pool:
     """The node's pool for the devices offered now. ``node`` must be a DNS subdomain (a
-    node name); ValueError otherwise."""
+    node name); ValueError otherwise. Each Unhealthy device carries its taint
+    (``dra.taints``) with ``effect``, added at ``taint_times[device]`` (RFC 3339, whole seconds; the
+    publisher keeps it while the device stays tainted, so rebuilding never changes it)."""
+    times = taint_times or {}
     if not is_dns_subdomain(node):
         raise ValueError(f"node name {node[:80]!r} is not a DNS subdomain")
     devices: list[tuple[tuple[Any, ...], DeviceJSON]] = []
     omissions: list[Omission] = []
-    for item in _offered(entries):
+    for item in offered(entries):
         if isinstance(item, Omission):
             omissions.append(item)
             continue
         resource, device_id, entry = item
         attributes, left_out = fit_attributes(device_id, device_attributes(resource, entry))
         omissions.extend(left_out)
-        devices.append((natural_key(device_id), {"name": device_id, "attributes": attributes}))
+        device: dict[str, Any] = {"name": device_id, "attributes": attributes}
+        if not entry.healthy:
+            added = times.get(device_id)
+            device["taints"] = (taints.taint_json(entry.verdict.status, effect, added),)
+        devices.append((natural_key(device_id), device))
     devices.sort(key=lambda pair: pair[0])
     ordered = [device for _, device in devices]
     chunks = [

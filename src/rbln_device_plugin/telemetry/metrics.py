@@ -81,6 +81,11 @@ DRA_PREPARE_RESULTS: Final = (*ALLOCATE_RESULTS, DRA_CLAIM_PROBLEM)
 DRA_UNPREPARE_RESULTS: Final = (OK, DRA_FAILED)
 SLICE_VERBS: Final = ("create", "update", "delete")
 SLICE_RESULTS: Final = (OK, DRA_FAILED)
+# The device-health stream's versions (dra-health v1, v1alpha1) and taint changes.
+HEALTH_SERVICES: Final = ("v1", "v1alpha1")
+TAINT_APPLIED: Final = "applied"
+TAINT_REMOVED: Final = "removed"
+TAINT_CHANGES: Final = (TAINT_APPLIED, TAINT_REMOVED)
 MODES: Final = ("device-plugin", "dra")
 # Reads of the kubelet's PodResources API (a node switched between the modes).
 POD_RESOURCES_FAILED: Final = "failed"
@@ -163,6 +168,13 @@ class Metrics:
     def withheld_devices(self, counts: Mapping[str, int]) -> None:
         """Per resource, the devices kept back now because the other kubelet API's pods
         hold them (or might: see ``core.otherholds``); the whole mapping each time."""
+
+    def dra_health_stream(self, service: str, opened: bool) -> None:
+        """A NodeWatchResources stream opened (True) or ended, by HEALTH_SERVICES version."""
+
+    def dra_taints(self, change: str, count: int) -> None:
+        """Device taints written to (TAINT_APPLIED) or taken off (TAINT_REMOVED) the
+        ResourceSlices on the API server."""
 
     async def shutdown(self) -> None:
         """Stop the endpoint and flush the last push, bounded; never blocks the loop."""

@@ -150,6 +150,13 @@ class OtelMetrics(Metrics):
             f"{PREFIX}.devices.withheld", [self._observe_withheld], "{device}",
             "Devices kept back, by resource, because pods of the other kubelet API hold them "
             "or might")  # fmt: skip
+        self._health_streams = meter.create_up_down_counter(
+            f"{PREFIX}.dra.health.streams", "{stream}",
+            "DRA device-health streams (NodeWatchResources) open, by service version")  # fmt: skip
+        self._taints = counter(
+            "dra.device_taints", "{taint}",
+            "Device taints applied to or removed from the ResourceSlices",
+        )  # fmt: skip
         meter.create_observable_gauge(
             f"{PREFIX}.mode", [self._observe_mode], "",
             "1 for the kubelet API this instance serves (device-plugin or dra), 0 for the "
@@ -207,6 +214,10 @@ class OtelMetrics(Metrics):
             for verb in m.SLICE_VERBS:
                 for result in m.SLICE_RESULTS:
                     self._slice_writes.add(0, {"verb": verb, "result": result})
+            for service in m.HEALTH_SERVICES:
+                self._health_streams.add(0, {"service": service})
+            for change in m.TAINT_CHANGES:
+                self._taints.add(0, {"change": change})
             self._node_zeros = (*self._node_zeros, zero("dra.prepare.duration", result=OK))
 
     # ------------------------------------------------------------- events (event loop)
@@ -311,6 +322,13 @@ class OtelMetrics(Metrics):
 
     def withheld_devices(self, counts: Mapping[str, int]) -> None:
         self._withheld = dict(counts)  # swapped whole: collection threads read either
+
+    def dra_health_stream(self, service: str, opened: bool) -> None:
+        self._health_streams.add(1 if opened else -1, {"service": service})
+
+    def dra_taints(self, change: str, count: int) -> None:
+        if count:
+            self._taints.add(count, {"change": change})
 
     # ------------------------------------------------------------- collection (any thread)
     def _snapshot(self) -> list[tuple[str, Mapping[str, Entry]]]:

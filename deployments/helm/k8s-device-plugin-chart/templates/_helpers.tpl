@@ -104,6 +104,9 @@ to change. Also the limits that involve arithmetic or more than one value.
 {{- define "rbln-device-plugin.validate" -}}
 {{- $plugin := .Values.devicePlugin }}
 {{- $dra := eq (include "rbln-device-plugin.mode" .) "dra" }}
+{{- if and (not $dra) (eq ($plugin.draTaintNoExecute | default false) true) }}
+{{- fail "devicePlugin.draTaintNoExecute taints devices in ResourceSlices, which only mode dra publishes: set mode dra or leave it false" }}
+{{- end }}
 {{- if $dra }}
 {{- if semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version }}
 {{- fail (printf "mode dra needs Kubernetes 1.34 or later (resource.k8s.io/v1 DeviceClasses and ResourceSlices); this cluster is %s: use mode device-plugin" .Capabilities.KubeVersion.Version) }}
