@@ -107,6 +107,7 @@ SHARED_MODULES = {
     "test_deploy_chart_metrics.py",
     "test_deploy_chart_dra.py",
     "test_deploy_chart_go.py",
+    "test_doc_claims.py",  # helm's renders (the fixture of test_deploy_chart.py)
     "test_deploy_chart_dra_apiserver.py",  # one API server and scheduler (tests/kubeapi.py)
     "test_deploy_image.py",
     "test_cdi_library.py",  # one CDI checker process (a Go build)

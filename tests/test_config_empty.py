@@ -20,6 +20,7 @@ EMPTY_IS_A_VALUE = {
     "rbln_smi": None,  # the path search
     "node_name": "",
     "installation": "",
+    "kubelet_pod_resources_socket": None,  # no look at the kubelet's PodResources
 }
 # OpenTelemetry's own variables: empty is unset (its specification).
 OTEL_VARIABLES = {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER"}

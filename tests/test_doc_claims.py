@@ -221,6 +221,8 @@ CONFIG_PAGE = REPO / "docs" / "configuration.md"
 # lacks a sample or a sample lacks a row.
 CHART_SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
     "RBLN_MODE": ({"mode": "dra"}, "dra"),
+    "RBLN_DRA_TAINT_NO_EXECUTE": (
+        {"mode": "dra", "devicePlugin": {"draTaintNoExecute": True}}, "true"),
     "KUBELET_PLUGINS_REGISTRY_PATH": (
         {"mode": "dra", "devicePlugin": {"kubeletPluginsRegistryPath": "/k/reg"}}, "/k/reg"),
     "KUBELET_POD_RESOURCES_SOCKET": (

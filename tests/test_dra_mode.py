@@ -27,12 +27,12 @@ from lightkube.types import PatchType
 from structlog.testing import capture_logs
 
 from rbln_device_plugin import options
-from rbln_device_plugin.core import otherholds
 from rbln_device_plugin.dra import names
 from rbln_device_plugin.dra.claims import ClaimRef
 from rbln_device_plugin.host.hostio import HostIO
 from rbln_device_plugin.host.scan import Scanner
 from rbln_device_plugin.runtime import daemon as runtime
+from rbln_device_plugin.runtime import otherholds
 from rbln_device_plugin_sim.layout import preset
 from rbln_device_plugin_sim.node import SimNode, materialize, short_tempdir
 

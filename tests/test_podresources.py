@@ -1,5 +1,5 @@
 """The devices a mode keeps back on a node switched between the two modes
-(``core.otherholds`` over ``kubelet.podresources``), against a PodResources server on a real
+(``runtime.otherholds`` over ``kubelet.podresources``), against a PodResources server on a real
 unix socket (``tests/podresources_server.py``, answering as the kubelet's server_v1.go):
 held devices are kept back until their pods end, a PodResources API that cannot be read
 never lets a device that may be held through, and reads stop once nothing is held."""
@@ -16,17 +16,17 @@ import pytest
 from structlog.testing import capture_logs
 
 from rbln_device_plugin import config
-from rbln_device_plugin.core.otherholds import (
+from rbln_device_plugin.dra import checkpoint as cp
+from rbln_device_plugin.host.hostio import HostIO
+from rbln_device_plugin.kubelet.podresources import PodResourcesError, list_pods
+from rbln_device_plugin.model.holds import ClaimUse, ContainerUse, PodUse
+from rbln_device_plugin.runtime.otherholds import (
     CHECKPOINT_FAILED_MSG,
     HELD_MSG,
     READ_FAILED_MSG,
     RELEASED_MSG,
     OtherModeHolds,
 )
-from rbln_device_plugin.dra import checkpoint as cp
-from rbln_device_plugin.host.hostio import HostIO
-from rbln_device_plugin.kubelet.podresources import PodResourcesError, list_pods
-from rbln_device_plugin.model.holds import ClaimUse, ContainerUse, PodUse
 from rbln_device_plugin.telemetry import metrics as m
 
 from .inprocess import running
@@ -235,5 +235,5 @@ async def test_the_device_plugin_mode_advertises_a_claims_device_once_its_pod_en
                 await h.kubelet.allocate(NPU, [["rbln1"]])
             kubelet_pr.active = []
             await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
-            (released,) = h.daemon.find(RELEASED_MSG)
+            (released,) = await h.daemon.await_log(RELEASED_MSG)
             assert released["device"] == "rbln1" and released["otherMode"] == "dra"

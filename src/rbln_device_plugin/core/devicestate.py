@@ -59,7 +59,7 @@ class DeviceState:
         self.announced = False
         self._status_calls: tuple[tuple[str, ...], list[Call[StatusReading]]] = ((), [])
         self._status_devices: Sequence[Device] | None = None
-        # Held by pods of the other kubelet API (``core.otherholds``): kept in the table and
+        # Held by pods of the other kubelet API (``runtime.otherholds``): kept in the table and
         # its health history, left out of the kubelet's view and refused by ``validate``.
         self._withheld: frozenset[str] = frozenset()
 

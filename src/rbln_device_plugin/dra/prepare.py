@@ -58,7 +58,7 @@ class DraDevices:
     def __init__(self, open_state: Any) -> None:
         self._open_state = open_state  # NodeDevices.open_state
         self.states: dict[str, DeviceState] = {}
-        # Held by pods of the device-plugin mode (``core.otherholds``): neither published
+        # Held by pods of the device-plugin mode (``runtime.otherholds``): neither published
         # nor prepared until they are released.
         self.withheld: frozenset[str] = frozenset()
 

@@ -164,7 +164,7 @@ class DraSession:
         """The scan's devices into the core's states, then to the kubelet's health streams
         (every scan: a list not re-sent goes stale there), then into the ResourceSlices
         (only what changed; an API server that hangs cannot hold the health back), but for
-        those ``withheld`` (held by the device-plugin mode's pods: ``core.otherholds``)."""
+        those ``withheld`` (held by the device-plugin mode's pods: ``runtime.otherholds``)."""
         self.devices.withheld = withheld
         await self.devices.update(offered)
         entries = {resource: state.entries for resource, state in self.devices.states.items()}

@@ -87,7 +87,7 @@ class RestartNow:
 @dataclass(frozen=True, slots=True)
 class Reconcile:
     """The scan's answer: serve exactly ``offered`` (resource -> its devices), but for the
-    device IDs ``withheld`` (held by DRA claims' pods, see ``core.otherholds``)."""
+    device IDs ``withheld`` (held by DRA claims' pods, see ``runtime.otherholds``)."""
 
     offered: Mapping[str, Sequence[Device]]
     done: asyncio.Future[None] = field(compare=False)

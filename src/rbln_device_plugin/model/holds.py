@@ -1,5 +1,5 @@
 """Which NPUs the node's pods hold through the other kubelet API, and which devices a mode
-therefore keeps back (pure: ``kubelet.podresources`` reads, ``core.otherholds`` drives).
+therefore keeps back (pure: ``kubelet.podresources`` reads, ``runtime.otherholds`` drives).
 
 A node switched between the device-plugin mode and DRA can have pods running that got
 their NPUs the other way. The kubelet's PodResources API lists, per running pod and

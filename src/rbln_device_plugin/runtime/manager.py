@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 from rbln_device_plugin import aiotasks
 from rbln_device_plugin.core.devices import DeviceSource, Discovery, NodeDevices
-from rbln_device_plugin.core.otherholds import OtherModeHolds
 from rbln_device_plugin.host.scan import Scanner
 from rbln_device_plugin.kubelet.services import SharedServices
 from rbln_device_plugin.kubelet.session import KubeletSession
 from rbln_device_plugin.model.inventory import Device
 from rbln_device_plugin.runtime.cdicheck import CdiSpecCheck
+from rbln_device_plugin.runtime.otherholds import OtherModeHolds
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import StopScope
 

@@ -167,7 +167,7 @@ class Metrics:
 
     def withheld_devices(self, counts: Mapping[str, int]) -> None:
         """Per resource, the devices kept back now because the other kubelet API's pods
-        hold them (or might: see ``core.otherholds``); the whole mapping each time."""
+        hold them (or might: see ``runtime.otherholds``); the whole mapping each time."""
 
     def dra_health_stream(self, service: str, opened: bool) -> None:
         """A NodeWatchResources stream opened (True) or ended, by HEALTH_SERVICES version."""
