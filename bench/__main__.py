@@ -19,6 +19,7 @@ from . import (
     bench_cdidirs,
     bench_daemon,
     bench_dra,
+    bench_dra_scale,
     bench_fast,
     bench_http,
     bench_idle_parts,
@@ -90,6 +91,7 @@ def main(argv: list[str]) -> int:
         ("CDI spec checks", bench_cdi.run),
         ("Kubernetes client libraries", bench_k8sclient.run),
         ("dra mode", bench_dra.run),
+        ("dra mode at scale", bench_dra_scale.run),
     ]
     rows: list[Row] = []
     began = time.monotonic()

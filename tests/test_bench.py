@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 AREAS = {
     "scan", "preferred", "daemon", "lean", "idle", "fast", "metrics", "load", "cdi", "k8sclient",
-    "dra",
+    "dra", "dra-scale",
 }  # fmt: skip
 
 
@@ -69,7 +69,7 @@ def test_the_idle_scan_breakdown_sees_every_part_run() -> None:
 
 BENCH_MODULES = [
     "bench", "bench.allocate_steps", "bench.bench_cdi", "bench.bench_cdidirs", "bench.bench_daemon",
-    "bench.bench_fast", "bench.bench_http", "bench.bench_idle_parts", "bench.bench_k8sclient",
+    "bench.bench_dra_scale", "bench.bench_fast", "bench.bench_http", "bench.bench_idle_parts", "bench.bench_k8sclient",
     "bench.bench_lean",
     "bench.bench_load", "bench.bench_metrics", "bench.bench_preferred", "bench.bench_scan",
     "bench.bench_topology", "bench.bench_tweaks",
