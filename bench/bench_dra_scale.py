@@ -298,7 +298,8 @@ def rows_of(
             "upgrade: requests per node",
             per_upgrade,
             "req",
-            f"sent {shown(up.sent)}; the API server saw {shown(up.seen)}; slice watches open "
+            f"sent {shown(up.sent)}; the API server saw {shown(up.seen)} (it counts a watch "
+            f"when it ends: the old lives'); slice watches open "
             f"{up.watches}; {CLUSTER} nodes: {per_upgrade * CLUSTER:.0f} reads",
             2.0,
             "req (LIST+WATCH)",
@@ -326,6 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=None, help="simulated nodes (200; 20 with --quick)")
     p.add_argument("--flap-minutes", type=int, default=10, help="a flap every K minutes (10)")
     args = p.parse_args(argv)
+    if args.nodes is not None and args.nodes < 3:
+        p.error("--nodes: at least 3 (the bound, a flapping node and a steady one)")
+    if args.flap_minutes < 2:
+        p.error("--flap-minutes: at least 2 (a flap's fault lasts a minute)")
     rows = run(args.quick, args.nodes, args.flap_minutes)
     width = max(len(r["metric"]) for r in rows)
     for r in rows:
