@@ -117,6 +117,7 @@ SHARED_MODULES = {
     "test_kubeapi_client.py",  # one real API server (tests/kubeapi.py)
     "test_dra_mode.py",  # one real API server (tests/kubeapi.py)
     "test_dra_publisher.py",  # the same, for the ResourceSlice publisher
+    "test_dra_scale.py",  # the same, for the scale benchmark's counts
 }
 
 

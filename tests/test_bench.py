@@ -67,6 +67,29 @@ def test_the_idle_scan_breakdown_sees_every_part_run() -> None:
     assert not idle, idle
 
 
+@pytest.mark.apiserver
+@pytest.mark.timeout(300)
+def test_the_scale_benchmark_runs_every_scenario() -> None:
+    # A few simulated nodes through the hour and the upgrade: every scenario's row is
+    # printed (the counts themselves are asserted in tests/test_dra_scale.py).
+    from tests import kubeapi
+
+    if kubeapi.missing() is not None:
+        pytest.skip(str(kubeapi.missing()))
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_dra_scale", "--quick", "--nodes", "4"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    metrics = {line.split("  ")[0] for line in done.stdout.splitlines()}
+    for scenario in (
+        "steady node: writes per node-hour", "flapping node: writes per flap (FAULT, READY)",
+        "flapping node: writes per node-hour", "upgrade: writes per node",
+        "upgrade: requests per node", "floor: one GET of a slice",
+    ):  # fmt: skip
+        assert scenario in metrics, done.stdout
+
+
 BENCH_MODULES = [
     "bench", "bench.allocate_steps", "bench.bench_cdi", "bench.bench_cdidirs", "bench.bench_daemon",
     "bench.bench_dra_scale", "bench.bench_fast", "bench.bench_http", "bench.bench_idle_parts", "bench.bench_k8sclient",
