@@ -156,8 +156,8 @@ class SimNode:
 
     async def settle(self) -> None:
         """Until the watch received the events of this life's own writes: between two
-        scans 5 s apart it has, whereas a compressed hour could scan again first (the
-        watch would then judge its own earlier write as news and list again)."""
+        scans 5 s apart it has, and a compressed hour waits for it too, so that each
+        scan of the hour meets the watch in the state real time leaves it in."""
         while self._watch is not None and self.wire.events < self._awaited:
             if self._watch.done():
                 self._watch.result()

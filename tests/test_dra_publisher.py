@@ -563,3 +563,21 @@ async def test_no_execute_is_the_taints_effect_when_chosen(api: Api) -> None:
         "rbln0": taint("BUSY", "2026-12-01T10:00:00Z", "NoExecute")
     }
     await publisher.close()
+
+
+async def test_the_late_event_of_its_own_earlier_write_is_not_news(api: Api) -> None:
+    """Two publishes closer together than the watch delivers: the first write's event
+    comes after the second write. It is this publisher's own, so the watch does not make it
+    list the server again; a write by anyone else still does."""
+    await api.node("node-echo")
+    publisher, _ = api.publisher("node-echo")
+    await publisher.publish(many(1))
+    [first] = await api.slices("node-echo")
+    await publisher.publish(many(2))
+    assert not await publisher._changed_elsewhere("MODIFIED", first)
+    [second] = await api.slices("node-echo")
+    assert not await publisher._changed_elsewhere("MODIFIED", second)
+    second.metadata.labels = {"touched": "yes"}
+    theirs = await api.client.replace(second)
+    assert await publisher._changed_elsewhere("MODIFIED", theirs)
+    await publisher.close()

@@ -28,6 +28,7 @@ lightkube is imported only here and only when used: the device-plugin mode never
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -58,6 +59,9 @@ CHANGED_ELSEWHERE_MSG: Final = "ResourceSlices changed on the API server; publis
 WATCH_FAILED_MSG: Final = "Cannot watch the node's ResourceSlices; retrying"
 # A broken watch is opened again after this, doubling up to the cap.
 WATCH_RETRY_S: Final = 1.0
+# Own writes remembered for their late watch events: several publishes of every slice of
+# the largest pool (a device per slice at most 64 with taints: 128 devices, 2 slices).
+_ECHOES: Final = 64
 WATCH_RETRY_CAP_S: Final = 30.0
 
 
@@ -121,6 +125,10 @@ class SlicePublisher:
         # server: name -> resourceVersion) None, the server's state is not known.
         self._written: slices.Pool | None = None
         self._versions: dict[str, str] | None = None
+        # The resource versions of this publisher's latest writes: their watch events may
+        # arrive after a later write of the same slice and are not news (resource versions
+        # are unique across the API server).
+        self._echoes: collections.deque[str] = collections.deque(maxlen=_ECHOES)
         self._streak = FailureStreak()
         self._omitted: frozenset[str] = frozenset()
         self._built: tuple[dict[str, dict[str, Entry]], dict[str, str], slices.Pool] | None = None
@@ -286,7 +294,7 @@ class SlicePublisher:
             if kind == "DELETED":
                 news = name in self._versions
             else:
-                news = self._versions.get(name) != version
+                news = self._versions.get(name) != version and version not in self._echoes
             if news:
                 self.forget()
             return news
@@ -352,6 +360,7 @@ class SlicePublisher:
                 versions[name] = await self._create(body)
         for name in sorted(set(current) - set(versions)):
             await self._delete(name)
+        self._echoes.extend(versions.values())
         self._versions, self._written = versions, pool
         return {verb: self.writes[verb] - before[verb] for verb in VERBS}
 
