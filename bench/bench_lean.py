@@ -2,7 +2,10 @@
 
 - idle CPU at a 1 h and at the default 5 s scan interval, 64 devices, against an idle
   process serving two ``grpc.aio`` servers (health on TCP, one unix socket) measured
-  over the same window;
+  over the same window; at 5 s also against a bare scan: the same floor process that
+  also, at the same interval, runs the snapshot ``rbln-smi -j`` (``subprocess.run``) and
+  reads the 64 status files, on its one thread with no bookkeeping at all (what any
+  scanner pays for the work a scan exists to do);
 - resident memory after registration (tracing off) against that floor process;
 - ``rbln-smi`` calls per Allocate, for fresh devices and for devices in an old group;
 - Allocate overhead beyond the time inside ``rbln-smi``, against one trivial unary call
@@ -55,7 +58,7 @@ Row = dict[str, Any]
 
 _FLOOR_SERVER = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, os, subprocess, sys
     import grpc
     from grpc_health.v1 import _async as health_aio, health_pb2_grpc
 
@@ -68,7 +71,17 @@ _FLOOR_SERVER = textwrap.dedent(
             await server.start()
             servers.append(server)
         print("ready", flush=True)
-        await asyncio.Event().wait()
+        if len(sys.argv) == 2:
+            await asyncio.Event().wait()
+        # The bare scan: rbln-smi -j and every status file, blocking, nothing kept.
+        smi, interval, paths = sys.argv[2], float(sys.argv[3]), sys.argv[4:]
+        while True:
+            await asyncio.sleep(interval)
+            subprocess.run([smi, "-j"], stdin=subprocess.DEVNULL, capture_output=True)
+            for path in paths:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                os.read(fd, 4097)
+                os.close(fd)
 
     asyncio.run(main())
     """
@@ -88,11 +101,14 @@ def cpu_ns(pid: int) -> int:
 
 
 class FloorProcess:
-    """An idle process serving two grpc.aio servers: what any such daemon costs."""
+    """An idle process serving two grpc.aio servers: what any such daemon costs. With
+    ``scan`` (rbln-smi, the interval in seconds, the status files): a bare scan besides."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, scan: tuple[Path, float, list[str]] | None = None) -> None:
+        name = "floor.sock" if scan is None else "bare-scan.sock"
+        extra = [] if scan is None else [str(scan[0]), str(scan[1]), *scan[2]]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _FLOOR_SERVER, str(root / "floor.sock")],
+            [sys.executable, "-c", _FLOOR_SERVER, str(root / name), *extra],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -119,17 +135,29 @@ async def idle_rows(window: float) -> list[Row]:
         async with node_with_daemon(layout, interval, fast_smi) as (node, kubelet, proc, _):
             await kubelet.wait_for(NPU, lambda v: len(v.devices) == 64, 30)
             floor = FloorProcess(node.root)
+            bare = None
+            if interval == "5s":
+                paths = [str(node.status_path(f"rbln{i}")) for i in range(64)]
+                bare = FloorProcess(node.root, (node.smi_path, 5.0, paths))
+            pids = [proc.pid, floor.proc.pid] + ([bare.proc.pid] if bare else [])
             try:
                 await asyncio.sleep(1)
                 if interval == "1h":
                     daemon_rss, floor_rss = rss_mib(proc.pid), rss_mib(floor.proc.pid)
                     rows.append(row("resident memory after registration, tracing off",
                                     daemon_rss, "MiB", floor_rss, "MiB"))  # fmt: skip
-                daemon_cpu, floor_cpu = await cpu_percent([proc.pid, floor.proc.pid], window)
+                daemon_cpu, floor_cpu, *bare_cpu = await cpu_percent(pids, window)
             finally:
                 floor.stop()
+                if bare is not None:
+                    bare.stop()
             rows.append(row(f"daemon CPU, scan interval {interval}, {window:g} s window",
                             daemon_cpu, "%", floor_cpu, "%"))  # fmt: skip
+            if bare_cpu:
+                rows.append(row(f"bare scan process, interval {interval}, {window:g} s window "
+                                "(floor + rbln-smi -j + 64 status reads)",
+                                bare_cpu[0], "%", floor_cpu, "%",
+                                f"the daemon is {daemon_cpu / bare_cpu[0]:.2f}x it"))  # fmt: skip
     return rows
 
 
