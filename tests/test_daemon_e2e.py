@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -263,3 +264,18 @@ async def test_shutdown_removes_sockets_and_ends_streams(sig: signal.Signals) ->
         assert h.sockets() == ["kubelet.sock"]
         for resource in (NPU, VF1, VF4):
             await h.kubelet.wait_for(resource, lambda v: v.ended is not None)
+
+
+async def test_the_device_plugin_mode_maps_no_tls_library() -> None:
+    """OpenSSL's libraries (libssl, libcrypto: about 4 MiB resident) are for dra mode's API
+    server client; a device-plugin daemon that has scanned, registered and looked for a
+    DRA checkpoint (a node switched between the modes) has neither mapped."""
+    async with running_process("rebel-4", interval="100ms") as h:
+        await h.kubelet.wait_for(NPU, lambda v: len(v.devices) == 4)
+        await h.daemon.await_log("Device exposed", count=4)
+        await asyncio.sleep(0.5)  # a few scans more
+        maps = Path(f"/proc/{h.daemon.proc.pid}/maps").read_text()
+    mapped = {line.rsplit("/", 1)[-1].split(".")[0] for line in maps.splitlines() if ".so" in line}
+    assert not mapped & {"libssl", "libcrypto", "_ssl"}, sorted(
+        mapped & {"libssl", "libcrypto", "_ssl"}
+    )

@@ -11,7 +11,6 @@ names what is wrong): a restart must not forget claims silently.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,6 +74,10 @@ def _claims_json(claims: Mapping[str, ClaimEntry]) -> dict[str, Any]:
 
 
 def _checksum(claims: Mapping[str, Any]) -> str:
+    # Imported here: hashlib maps OpenSSL's libcrypto (about 4 MiB resident), and the
+    # device-plugin mode imports this module to look for a checkpoint it rarely finds.
+    import hashlib
+
     canonical = json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(canonical).hexdigest()
 
