@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import ssl
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from tests.test_dra_mode import NODE, allocate
 
 from . import cli
 from .bench_daemon import node_with_daemon, recorded_smi_ms, rss_mib, timed_smi, wrapper_cost_ms
+from .kubecounts import metrics_text
 
 Row = dict[str, Any]
 LAYOUT = "atom-max-8"  # 32 whole NPUs
@@ -63,13 +63,7 @@ def _ms(samples: Sequence[float]) -> str:
 
 def apiserver_slice_requests(server: kubeapi.ApiServer) -> dict[str, float]:
     """``apiserver_request_total`` for ResourceSlices, summed by verb."""
-    request = urllib.request.Request(
-        f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token}"}
-    )
-    context = ssl.create_default_context()
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    with urllib.request.urlopen(request, context=context, timeout=10) as answer:
-        text = answer.read().decode()
+    text = metrics_text(server)
     by_verb: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":

@@ -17,16 +17,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import kubeapi
 
 
-def apiserver_counts(server: kubeapi.ApiServer) -> tuple[Counter[str], int]:
-    """``apiserver_request_total`` as ``VERB resource`` for slices and nodes, and the
-    slice watches open now (``apiserver_longrunning_requests``)."""
+def metrics_text(server: kubeapi.ApiServer) -> str:
+    """The API server's own ``/metrics`` (its serving certificate is self-signed)."""
     request = urllib.request.Request(
         f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token}"}
     )
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     with urllib.request.urlopen(request, context=context, timeout=10) as answer:
-        text = answer.read().decode()
+        return str(answer.read().decode())
+
+
+def apiserver_counts(server: kubeapi.ApiServer) -> tuple[Counter[str], int]:
+    """``apiserver_request_total`` as ``VERB resource`` for slices and nodes, and the
+    slice watches open now (``apiserver_longrunning_requests``)."""
+    text = metrics_text(server)
     counts: Counter[str] = Counter()
     watches = 0
     for family in text_string_to_metric_families(text):
