@@ -92,8 +92,8 @@ def test_the_scale_benchmark_runs_every_scenario() -> None:
 
 BENCH_MODULES = [
     "bench", "bench.allocate_steps", "bench.bench_cdi", "bench.bench_cdidirs", "bench.bench_daemon",
-    "bench.bench_dra_scale", "bench.bench_fast", "bench.bench_http", "bench.bench_idle_parts", "bench.bench_k8sclient",
-    "bench.bench_lean",
+    "bench.bench_dra_scale", "bench.bench_fast", "bench.bench_http", "bench.bench_idle_parts",
+    "bench.bench_k8sclient", "bench.bench_lean",
     "bench.bench_load", "bench.bench_metrics", "bench.bench_preferred", "bench.bench_scan",
     "bench.bench_topology", "bench.bench_tweaks",
 ]  # fmt: skip
