@@ -444,3 +444,25 @@ def test_an_rsd_lock_path_that_is_the_root_a_top_level_name_or_a_directory_is_re
 @pytest.mark.parametrize("value", ["/run/rsd.lock", "/run/./rsd.lock", "/a/b/c.lock", "/run/.x"])
 def test_an_rsd_lock_file_in_a_directory_below_the_root_is_accepted(value: str) -> None:
     assert resolve(["--rsd-lock-path", value]).rsd_lock_path == Path(value)
+
+
+def test_the_kubelet_paths_not_given_follow_the_device_plugin_directory() -> None:
+    """The kubelet keeps every socket under its --root-dir: one setting moves them all,
+    and a value given for one of them is used as given."""
+    moved = options.parse(["--kubelet-device-plugin-path", "/k0s/kubelet/device-plugins"], {})
+    assert moved.kubelet_plugins_path == Path("/k0s/kubelet/plugins")
+    assert moved.kubelet_plugins_registry_path == Path("/k0s/kubelet/plugins_registry")
+    assert moved.kubelet_pod_resources_socket == Path("/k0s/kubelet/pod-resources/kubelet.sock")
+    assert moved.sources["kubelet_plugins_path"] == "default"
+    given = options.parse(
+        ["--kubelet-device-plugin-path", "/k0s/kubelet/device-plugins"],
+        {"KUBELET_PLUGINS_PATH": "/elsewhere/plugins", "KUBELET_POD_RESOURCES_SOCKET": ""},
+    )
+    assert given.kubelet_plugins_path == Path("/elsewhere/plugins")
+    assert given.kubelet_plugins_registry_path == Path("/k0s/kubelet/plugins_registry")
+    assert given.kubelet_pod_resources_socket is None
+    default = options.parse([], {})
+    assert default.kubelet_plugins_path == Path("/var/lib/kubelet/plugins")
+    assert default.kubelet_pod_resources_socket == Path(
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )

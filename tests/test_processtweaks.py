@@ -87,6 +87,34 @@ def test_exit_now_runs_the_exit_handlers_and_exits_with_the_code() -> None:
     assert done.stdout == "unflushed"
 
 
+def test_a_forced_exit_that_began_first_decides_the_exit_code() -> None:
+    """A second signal's forced exit claimed the exit before the orderly one reached its
+    end: the orderly exit waits, and the process ends with the forced code."""
+    done = run_python(
+        "import os, threading, time; from rbln_device_plugin import processtweaks; "
+        "assert processtweaks.claim_exit(); "
+        "threading.Timer(0.3, lambda: os._exit(143)).start(); "
+        "processtweaks.exit_now(0)"
+    )
+    assert done.returncode == 143
+
+
+def test_a_second_signal_after_the_orderly_exit_began_changes_nothing() -> None:
+    """The orderly exit claimed first (its stop complete, its records out): a second
+    signal then forces nothing and logs nothing, so the code and the records agree."""
+    done = run_python(
+        "import signal; from rbln_device_plugin import processtweaks; "
+        "from rbln_device_plugin.runtime.signals import ShutdownSignals; "
+        "assert processtweaks.claim_exit(); "
+        "ShutdownSignals._exit_now(signal.SIGTERM); print('still here')"
+    )
+    assert (done.returncode, done.stdout, "Second shutdown" in done.stderr) == (
+        0,
+        "still here\n",
+        False,
+    )
+
+
 def test_the_help_formatter_takes_argparse_s_parameters() -> None:
     ours = list(inspect.signature(processtweaks.ShutilFreeHelpFormatter.__init__).parameters)
     theirs = inspect.signature(argparse.HelpFormatter.__init__).parameters

@@ -303,6 +303,11 @@ def _mode(raw: str) -> str:
     ))  # fmt: skip
 
 
+def _beside(below: str) -> str:
+    """How --help names a default that follows --kubelet-device-plugin-path's parent."""
+    return f"{below} beside --kubelet-device-plugin-path: /var/lib/kubelet/{below}"
+
+
 OPTIONS: Final[tuple[Option, ...]] = (
     Option("mode", "--mode", "RBLN_MODE", MODE_DEVICE_PLUGIN,
            "which kubelet API serves the NPUs: device-plugin (extended resources through the "
@@ -326,18 +331,22 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("kubelet_plugins_registry_path", "--kubelet-plugins-registry-path",
            "KUBELET_PLUGINS_REGISTRY_PATH", "/var/lib/kubelet/plugins_registry",
            "dra mode: the kubelet's plugin-watcher directory (the registration socket goes "
-           "here)", "DIR", kind=STRING, convert=_host_dir),
+           "here)", "DIR", shown_default=_beside("plugins_registry"), kind=STRING,
+           convert=_host_dir),
     Option("kubelet_plugins_path", "--kubelet-plugins-path", "KUBELET_PLUGINS_PATH",
            "/var/lib/kubelet/plugins",
-           "dra mode: the kubelet's plugin directory; the driver's own directory below it "
-           "holds the service socket, the checkpoint and the instance lock", "DIR",
-           kind=STRING, convert=_host_dir),
+           "the kubelet's plugin directory: in dra mode the driver's own directory below it "
+           "holds the service socket, the checkpoint and the instance lock; the "
+           "device-plugin mode reads that checkpoint (a node switched between the modes)",
+           "DIR",
+           shown_default=_beside("plugins"), kind=STRING, convert=_host_dir),
     Option("kubelet_pod_resources_socket", "--kubelet-pod-resources-socket",
            "KUBELET_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock",
            "the kubelet's PodResources API socket: devices that running pods hold through the "
            "other mode (a node switched between device-plugin and dra) are not offered until "
            "released; empty: never read it (for nodes that only ever run one mode)", "PATH",
-           kind=STRING, convert=_socket_or_off),
+           shown_default=_beside("pod-resources/kubelet.sock"), kind=STRING,
+           convert=_socket_or_off),
     Option("kubeconfig", "--kubeconfig", "KUBECONFIG", "",
            "dra mode: a kubeconfig file for the API server; empty: the pod's service account "
            "(in-cluster)", "PATH", shown_default="in-cluster", kind=STRING,
@@ -535,6 +544,13 @@ def _from_environment(option: Option, environ: Mapping[str, str]) -> str | None:
     return EMPTY_VARIABLE[option.kind] if raw == "" else raw
 
 
+_UNDER_KUBELET_ROOT: Final = (
+    ("kubelet_plugins_registry_path", "plugins_registry"),
+    ("kubelet_plugins_path", "plugins"),
+    ("kubelet_pod_resources_socket", "pod-resources/kubelet.sock"),
+)
+
+
 def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     """Build the Config from parsed flag values (None = not given) and the environment."""
     values: dict[str, Any] = {}
@@ -564,6 +580,12 @@ def config_from_settings(flags: Mapping[str, str | None], environ: Mapping[str, 
             _bool(legacy)  # Go's flag package refuses a value that is not a boolean
         except ConfigError as exc:
             raise ConfigError(f"{LEGACY_NAMES_FLAG} (command line): {exc}") from None
+    # The kubelet keeps all its sockets under its --root-dir: a directory not given
+    # follows the device-plugin directory's parent, so one setting moves them together
+    # (and a simulated node's kubelet directory holds them all).
+    for name, below in _UNDER_KUBELET_ROOT:
+        if sources[name] == "default":
+            values[name] = values["kubelet_dir"].parent / below
     config = Config(**values, sources=sources, ignored=tuple(ignored), legacy_names_flag=legacy)
     floor = stall_limit_floor(config.scan_interval)
     if config.scan_stall_limit < floor:

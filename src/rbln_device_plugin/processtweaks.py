@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Final, NoReturn
 
@@ -81,6 +82,16 @@ def keep_out_unused_modules(tls: bool = False) -> None:
             sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
+# Held by the first thread that starts the process's exit: the main thread's orderly exit
+# or a second signal's forced one. The exit code and the last record then agree.
+_EXIT_CLAIM: Final = threading.Lock()
+
+
+def claim_exit() -> bool:
+    """True for the first caller: it ends the process; every later caller must not."""
+    return _EXIT_CLAIM.acquire(blocking=False)
+
+
 def exit_now(code: int) -> NoReturn:
     """Exit without the interpreter's finalisation, which puts every signal back to its
     default action: a second SIGTERM in that last moment would kill the process without
@@ -91,6 +102,10 @@ def exit_now(code: int) -> NoReturn:
     interrupts. Relies on: ``atexit._run_exitfuncs`` (private) running the registered
     handlers.
     """
+    if not claim_exit():
+        # A second signal's forced exit began first: its record is out, its code is the
+        # process's. Wait for it rather than exit with another code.
+        threading.Event().wait()
     with contextlib.suppress(Exception):
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -25,7 +25,7 @@ import signal
 import threading
 from typing import Final
 
-from rbln_device_plugin import signalcatch
+from rbln_device_plugin import processtweaks, signalcatch
 from rbln_device_plugin.telemetry import logs
 from rbln_device_plugin.telemetry.logs import get_logger
 from rbln_device_plugin.waits import call_soon_threadsafe
@@ -75,12 +75,15 @@ class ShutdownSignals:
             loop, stop = self._loop, self._stop
         if second:
             self._exit_now(sig)
+            return
         log.info(RECEIVED_MSG, signal=sig.name)
         if loop is not None and stop is not None:
             call_soon_threadsafe(loop, stop.set)
 
     @staticmethod
     def _exit_now(sig: signal.Signals) -> None:
+        if not processtweaks.claim_exit():
+            return  # the orderly exit is under way, its stop complete: nothing to force
         code = 128 + sig.value
         log.warning(FORCED_EXIT_MSG, signal=sig.name, exitCode=code)
         logs.flush(IMMEDIATE_EXIT_FLUSH_S)
