@@ -76,8 +76,8 @@ test: test-banner lint typecheck pytest
 
 test-banner:
 	@echo "make test: ruff, mypy --strict and the whole pytest suite: the Go-built layers first"
-	@echo "  (about 3.5 minutes), then the rest on $(PYTEST_WORKERS) pytest-xdist workers (3.5-6 minutes on"
-	@echo "  2 shared cores). About 7-10 minutes with the Go builds cached, about"
+	@echo "  (about 8 minutes), then the rest on $(PYTEST_WORKERS) pytest-xdist workers (4-6 minutes on"
+	@echo "  2 shared cores). About 13-17 minutes with the Go builds cached, about"
 	@echo "  31 minutes from empty caches on 2 cores (the real cluster's Kubernetes 1.37.2 and"
 	@echo "  1.34.0, containerd 2.4.2 and 1.6.20 and etcd are built, about 20 minutes of it;"
 	@echo "  the kubelet peers reuse the kubelets' compiled packages)."
