@@ -240,6 +240,7 @@ def build(target: GoTarget, root: Path, say: Say = print) -> tuple[Path, float, 
             )  # fmt: skip
             planned = compiles_planned(plan.read_text(errors="replace"))
             log = partial / ".build.log"
+            log.write_text("")  # the last binary's log must not count for this one
             line = functools.partial(_build_progress, what, log, planned, timings.get(key))
             say(line(0.0))
             begun = time.monotonic()

@@ -211,14 +211,20 @@ def test_a_real_build_reports_its_plan_and_the_next_one_an_estimate(
     (module / "main.go").write_text(
         'package main\n\nimport "m/greet"\n\nfunc main() { _ = greet.Hello }\n'
     )
-    target = gobuild.GoTarget("m", module, (gobuild.GoBinary(".", "m"),), env=gobuild.STATIC_ENV)
+    (module / "other").mkdir()
+    (module / "other" / "main.go").write_text("package main\n\nfunc main() {}\n")
+    binaries = (gobuild.GoBinary(".", "m"), gobuild.GoBinary("./other", "other"))
+    target = gobuild.GoTarget("m", module, binaries, env=gobuild.STATIC_ENV)
     root = tmp_path / "cache"
     for attempt in ("first", "second"):
         monkeypatch.setenv("GOCACHE", str(tmp_path / f"gocache-{attempt}"))
         said: list[str] = []
         directory, _, was_cached = gobuild.build(target, root, said.append)
         assert not was_cached and (directory / "m").is_file()
-        (first_count,) = [s for s in said if "packages compiled (0 s" in s]
+        first_count, other_first = [s for s in said if "packages compiled (0 s" in s]
+        # Each binary starts from none done (not from the last binary's log).
+        assert first_count.split(": ")[1].startswith("0 of "), said
+        assert other_first.split(": ")[1].startswith("0 of "), said
         planned = int(first_count.split(" of ")[1].split()[0])
         assert planned >= 2, said  # at least m and m/greet; runtime's packages too
         if attempt == "first":
