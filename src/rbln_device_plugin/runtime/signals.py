@@ -85,9 +85,11 @@ class ShutdownSignals:
         if not processtweaks.claim_exit():
             return  # the orderly exit is under way, its stop complete: nothing to force
         code = 128 + sig.value
-        log.warning(FORCED_EXIT_MSG, signal=sig.name, exitCode=code)
-        logs.flush(IMMEDIATE_EXIT_FLUSH_S)
-        os._exit(code)
+        try:
+            log.warning(FORCED_EXIT_MSG, signal=sig.name, exitCode=code)
+            logs.flush(IMMEDIATE_EXIT_FLUSH_S)
+        finally:  # the exit is claimed: the main thread waits for this one to end it
+            os._exit(code)
 
 
 _installed: ShutdownSignals | None = None
