@@ -66,18 +66,28 @@ PARALLEL_RUN := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-load
 	--max-worker-restart=0 \
 	-m "not ($(GO_LAYERS)) and not soak" $(PYTEST_ARGS)
 
-# Both runs always run; make fails when either failed.
+# Both runs always run; make fails when either failed. The parallel run starts as soon as
+# the first run's Go builds are done (conftest touches RBLN_GO_BUILDS_DONE; its end counts
+# too) and runs beside the Go-built layers' tests, which mostly wait on the cluster; its
+# output is kept in a file and printed when it ends. A Ctrl-C stops both.
 pytest: $(STAMP) tools prometheus e2e-deps cdi-checker
-	@echo '$(GO_RUN)'; status=0; $(GO_RUN) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
-	echo '$(PARALLEL_RUN)'; $(PARALLEL_RUN) || status=$$?; exit $$status
+	@status=0; built=$$(mktemp -u /tmp/rbln-go-built.XXXXXX); out=$$(mktemp /tmp/rbln-parallel-run.XXXXXX); \
+	( while [ ! -e "$$built" ]; do sleep 1; done; \
+	  echo "make test: the parallel run has started beside the Go-built layers' tests; its output follows when it ends"; \
+	  $(PARALLEL_RUN) >"$$out" 2>&1; echo $$? >"$$out.rc" ) & parallel=$$!; \
+	trap 'pkill -TERM -P $$parallel; kill -TERM $$parallel; rm -f "$$built" "$$out" "$$out.rc"; exit 130' INT TERM; \
+	echo '$(GO_RUN)'; RBLN_GO_BUILDS_DONE="$$built" $(GO_RUN) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
+	touch "$$built"; wait $$parallel; echo '$(PARALLEL_RUN)'; cat "$$out"; \
+	rc=$$(cat "$$out.rc" 2>/dev/null || echo 1); [ "$$rc" -eq 0 ] || status=$$rc; \
+	rm -f "$$built" "$$out" "$$out.rc"; exit $$status
 
 # Said first, before anything installs: what `make test` costs (docs/testing.md).
 test: test-banner lint typecheck pytest
 
 test-banner:
-	@echo "make test: ruff, mypy --strict and the whole pytest suite: the Go-built layers first"
-	@echo "  (about 8 minutes), then the rest on $(PYTEST_WORKERS) pytest-xdist workers (4-6 minutes on"
-	@echo "  2 shared cores). About 13-17 minutes with the Go builds cached, about"
+	@echo "make test: ruff, mypy --strict and the whole pytest suite: the Go-built layers, and"
+	@echo "  once their Go builds are done the rest beside them on $(PYTEST_WORKERS) pytest-xdist workers"
+	@echo "  (its output when it ends). About 7-10 minutes with the Go builds cached, about"
 	@echo "  31 minutes from empty caches on 2 cores (the real cluster's Kubernetes 1.37.2 and"
 	@echo "  1.34.0, containerd 2.4.2 and 1.6.20 and etcd are built, about 20 minutes of it;"
 	@echo "  the kubelet peers reuse the kubelets' compiled packages)."

@@ -179,6 +179,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     )
     if not go_layers or not hasattr(session.config, "workerinput"):
         _prepare_go_layers(session)
+        # make test starts its parallel run now: every Go binary it needs is cached.
+        if built := os.environ.get("RBLN_GO_BUILDS_DONE"):
+            Path(built).touch()
         return
     # Under pytest-xdist every worker collects every test and comes here: one builds at a
     # time, and the others then find its cached binaries. (make test runs these layers

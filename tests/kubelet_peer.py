@@ -67,7 +67,7 @@ def target(version: str) -> gobuild.GoTarget:
         # The real node's kubelet's settings, and its module versions in go.mod, so the
         # release's packages compile once for both (tests/test_gobuild.py).
         env=gobuild.STATIC_ENV,
-        flags=gobuild.TRIM,
+        flags=(*gobuild.TRIM, f"-ldflags={gobuild.STRIP_LDFLAGS}"),
         sources=(GO_ROOT / "peer",),
     )
 

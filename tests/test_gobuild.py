@@ -7,6 +7,7 @@ import dataclasses
 import json
 import shutil
 import subprocess
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,12 @@ def test_the_kubelet_peer_compiles_like_the_real_node_kubelet_of_its_release(
         }
         assert not differ, f"{peer.module.name} vs {kubelet.module.name}: {differ}"
     assert dict(peer.env) == dict(kubelet.env)
-    assert peer.flags == tuple(f for f in kubelet.flags if not f.startswith("-ldflags"))
+
+    def compiler_flags(target: gobuild.GoTarget) -> list[str]:
+        return [f for f in target.flags if not f.startswith("-ldflags")]
+
+    assert compiler_flags(peer) == compiler_flags(kubelet)
+    assert f"-ldflags={gobuild.STRIP_LDFLAGS}" in peer.flags
     (kubelet_binary,) = (b for b in kubelet.binaries if b.package == KUBELET)
     assert all(b.tags == kubelet_binary.tags for b in peer.binaries)
 
@@ -236,3 +242,57 @@ def test_a_real_build_reports_its_plan_and_the_next_one_an_estimate(
         (module / "main.go").write_text(
             'package main\n\nimport "m/greet"\n\nfunc main() { println(greet.Hello) }\n'
         )
+
+
+def _file_proxy(root: Path, module: str, version: str, files: dict[str, str]) -> str:
+    """A GOPROXY directory serving one module version (Go's file:// proxy layout)."""
+    at = root / module / "@v"
+    at.mkdir(parents=True)
+    (at / "list").write_text(f"{version}\n")
+    (at / f"{version}.info").write_text(json.dumps({"Version": version}))
+    (at / f"{version}.mod").write_text(files["go.mod"])
+    with zipfile.ZipFile(at / f"{version}.zip", "w") as archive:
+        for name, text in files.items():
+            archive.writestr(f"{module}@{version}/{name}", text)
+    return root.as_uri()
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="Go toolchain not found on PATH")
+def test_prefetching_leaves_the_build_nothing_to_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The module downloads of a later build, fetched beside an earlier one: afterwards
+    the build succeeds with the module proxy switched off, and a built target is not
+    fetched for again."""
+    dep = "example.com/dep"
+    proxy = _file_proxy(
+        tmp_path / "proxy",
+        dep,
+        "v1.0.0",
+        {"go.mod": f"module {dep}\n\ngo 1.22\n", "dep.go": "package dep\n\nconst N = 1\n"},
+    )
+    module = tmp_path / "mod"
+    module.mkdir()
+    (module / "go.mod").write_text(f"module m\n\ngo 1.22\n\nrequire {dep} v1.0.0\n")
+    (module / "main.go").write_text(
+        f'package main\n\nimport "{dep}"\n\nfunc main() {{ println(dep.N) }}\n'
+    )
+    monkeypatch.setenv("GOPROXY", proxy)
+    monkeypatch.setenv("GOSUMDB", "off")
+    monkeypatch.setenv("GOFLAGS", "-modcacherw")
+    monkeypatch.setenv("GOCACHE", str(tmp_path / "gocache"))
+    monkeypatch.setenv("GOMODCACHE", str(tmp_path / "tidy-modcache"))
+    subprocess.run(["go", "mod", "tidy"], cwd=module, check=True, capture_output=True)
+    assert dep in (module / "go.sum").read_text()
+
+    modcache = tmp_path / "modcache"
+    monkeypatch.setenv("GOMODCACHE", str(modcache))
+    target = gobuild.GoTarget("m", module, (gobuild.GoBinary(".", "m"),), gobuild.STATIC_ENV)
+    root = tmp_path / "cache"
+    assert gobuild.prefetch_modules([target], root) == ["m/m"]
+    assert (modcache / f"{dep}@v1.0.0" / "dep.go").is_file()
+
+    monkeypatch.setenv("GOPROXY", "off")
+    directory, _, was_cached = gobuild.build(target, root, lambda _: None)
+    assert not was_cached and (directory / "m").is_file()
+    assert gobuild.prefetch_modules([target], root) == []

@@ -310,7 +310,7 @@ def test_a_device_faulted_after_allocation_is_refused_at_prepare_by_name(dra: Cl
         assert dra.pod("dra-faulted")["status"]["phase"] == "Pending"
     finally:
         dra.sim.set_status("rbln3", 0)
-    # Healthy again: the kubelet's next try prepares it.
+    # Healthy again: the kubelet's next periodic sync (the node's syncFrequency) prepares it.
     dra.wait_pod_phase("dra-faulted", "Running")
     dra.delete_pod("dra-faulted")
 

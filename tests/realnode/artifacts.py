@@ -61,15 +61,23 @@ LEGACY_CONTAINERD_VERSION: Final = "v1.6.20"
 def kube_ldflags(version: str) -> str:
     """The version the release build stamps in: helm checks the chart's kubeVersion
     against it, and `kubectl get nodes` shows it."""
-    return " ".join(
-        f"-X k8s.io/component-base/version.{key}={value}"
-        for key, value in (
-            ("gitVersion", version),
-            ("gitMajor", version.split(".")[0].lstrip("v")),
-            ("gitMinor", version.split(".")[1]),
-            ("gitTreeState", "clean"),
+    return (
+        gobuild.STRIP_LDFLAGS
+        + " "
+        + " ".join(
+            f"-X k8s.io/component-base/version.{key}={value}"
+            for key, value in (
+                ("gitVersion", version),
+                ("gitMajor", version.split(".")[0].lstrip("v")),
+                ("gitMinor", version.split(".")[1]),
+                ("gitTreeState", "clean"),
+            )
         )
     )
+
+
+def containerd_ldflags(module: str, version: str) -> str:
+    return f"-ldflags={gobuild.STRIP_LDFLAGS} -X {module}/version.Version={version}"
 
 
 STATIC_TAGS: Final = (
@@ -110,7 +118,7 @@ GO_TARGETS: Final = (
         env=gobuild.STATIC_ENV,
         flags=(
             *gobuild.TRIM,
-            f"-ldflags=-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",
+            containerd_ldflags("github.com/containerd/containerd/v2", CONTAINERD_VERSION),
         ),
     ),
     gobuild.GoTarget(
@@ -142,8 +150,7 @@ LEGACY_TARGETS: Final = (
         env=gobuild.STATIC_ENV,
         flags=(
             *gobuild.TRIM,
-            "-ldflags=-X github.com/containerd/containerd/version.Version="
-            + LEGACY_CONTAINERD_VERSION,
+            containerd_ldflags("github.com/containerd/containerd", LEGACY_CONTAINERD_VERSION),
         ),
     ),
 )

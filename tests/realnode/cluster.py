@@ -14,6 +14,7 @@ cgroups and the state directory, on success, failure or interrupt alike.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import json
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from rbln_device_plugin_sim.node import (
     materialize,
 )
 
+from .. import gobuild
 from . import artifacts
 from .configs import (
     API_SERVER_PORT,
@@ -946,15 +949,45 @@ def _rmdir(path: Path) -> bool:
 
 def prepare(say: Say, legacy: bool = False) -> artifacts.Artifacts:
     """Build (or find cached) everything the node runs; the images need a node namespace.
-    ``legacy``: also the 1.34 kubelet and containerd 1.6 (``Cluster.legacy``)."""
-    bin_dir, built = artifacts.go_binaries(say)
-    legacy_bin_dir = None
-    if legacy:
-        legacy_bin_dir, legacy_built = artifacts.go_binaries(
-            say, artifacts.LEGACY_TARGETS, "bin-legacy"
+    ``legacy``: also the 1.34 kubelet and containerd 1.6 (``Cluster.legacy``).
+
+    The Go builds keep both cores busy; beside them run what mostly waits on the network:
+    the busybox and plugin images (debootstrap, buildah's pip) and the module downloads
+    of the builds after the first. The pause image needs the Kubernetes module's source."""
+    lock = threading.Lock()
+
+    def said(text: str) -> None:
+        with lock:
+            say(text)
+
+    later = artifacts.GO_TARGETS[1:] + (artifacts.LEGACY_TARGETS if legacy else ())
+    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="realnode-prepare") as pool:
+        images = pool.submit(_busybox_and_plugin_images, said)
+        pool.submit(gobuild.prefetch_modules, later, artifacts.cache_root() / "go")
+        bin_dir, built = artifacts.go_binaries(said)
+        legacy_bin_dir = None
+        if legacy:
+            legacy_bin_dir, legacy_built = artifacts.go_binaries(
+                said, artifacts.LEGACY_TARGETS, "bin-legacy"
+            )
+            built += legacy_built
+        pause, pause_built = artifacts.pause_image(said)
+        if not images.done():
+            said("real node: Go builds done; waiting for the image builds")
+        busybox, busybox_built, plugin, name, plugin_built = images.result()
+    built += [
+        n
+        for n, b in (
+            ("pause", pause_built),
+            ("busybox", busybox_built),
+            ("plugin image", plugin_built),
         )
-        built += legacy_built
-    pause, pause_built = artifacts.pause_image(say)
+        if b
+    ]
+    return artifacts.Artifacts(bin_dir, pause, busybox, plugin, name, tuple(built), legacy_bin_dir)
+
+
+def _busybox_and_plugin_images(say: Say) -> tuple[Path, bool, Path, str, bool]:
     busybox, busybox_built = artifacts.busybox_image(say)
     state = Path(tempfile.mkdtemp(prefix="rbln-imgbuild-", dir="/tmp"))
     node = None
@@ -976,22 +1009,11 @@ def prepare(say: Say, legacy: bool = False) -> artifacts.Artifacts:
         if node is not None:
             node.stop()
         shutil.rmtree(state, ignore_errors=True)
-    built += [
-        n
-        for n, b in (
-            ("pause", pause_built),
-            ("busybox", busybox_built),
-            ("plugin image", plugin_built),
-        )
-        if b
-    ]
-    return artifacts.Artifacts(bin_dir, pause, busybox, plugin, name, tuple(built), legacy_bin_dir)
+    return busybox, busybox_built, plugin, name, plugin_built
 
 
 def _with_progress(say: Say, what: str, work: Callable[[], Any]) -> Any:
     """Run ``work`` with a progress line every 25 s (image builds take minutes cold)."""
-    import threading
-
     done = threading.Event()
     started = time.monotonic()
 

@@ -44,6 +44,10 @@ def kubelet_config(cgroup_root: str) -> dict[str, Any]:
         # Node status follows the plugin quickly (allocatable, device health).
         "nodeStatusUpdateFrequency": "1s",
         "nodeStatusReportFrequency": "1s",
+        # A pod whose claim the plugin refused at prepare (a faulted device) is tried
+        # again only at the periodic sync (1 min, jittered up to 1.5); the test node's
+        # 10 s shows the same retry about a minute sooner.
+        "syncFrequency": "10s",
         "address": NODE_IP,
         "readOnlyPort": 0,
         # The node's network is private to the test: the API server may call in.
