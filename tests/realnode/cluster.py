@@ -972,9 +972,12 @@ def prepare(say: Say, legacy: bool = False) -> artifacts.Artifacts:
             )
             built += legacy_built
         pause, pause_built = artifacts.pause_image(said)
-        if not images.done():
+        try:  # a look at cached images takes a moment; a build, minutes
+            made = images.result(timeout=2.0)
+        except concurrent.futures.TimeoutError:
             said("real node: Go builds done; waiting for the image builds")
-        busybox, busybox_built, plugin, name, plugin_built = images.result()
+            made = images.result()
+        busybox, busybox_built, plugin, name, plugin_built = made
     built += [
         n
         for n, b in (
