@@ -51,35 +51,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src sim/src deployments/container/checks.py
 
-# The suite in two runs (docs/testing.md). First the Go-built layers (the kubelet's device
-# manager, the real cluster), one test at a time: their builds print progress here, and they
-# hold host-wide state. Then everything else on PYTEST_WORKERS pytest-xdist workers, the
-# tests of one xdist_group (tests/conftest.py) on one worker. PYTEST_WORKERS=0 runs it
-# serially. A first run that selects nothing (PYTEST_ARGS naming other tests) is fine.
+# The suite in three pytest runs (tests/make_pytest.py, docs/testing.md). First one share
+# of the Go-built layers (the kubelet's device manager, the real clusters), one test at a
+# time: their builds print progress here. Once those builds are done, beside it, the other
+# share of those layers and everything else on PYTEST_WORKERS pytest-xdist workers (the
+# tests of one xdist_group, tests/conftest.py, on one worker; 0 runs it serially), each
+# with its output kept and printed when it ends. All three always run; make fails when
+# any failed. A Go share that selects nothing (PYTEST_ARGS naming other tests) is fine.
 # A worker that crashes (a segfault) ends the run with the test it ran named as failed:
 # xdist's replacement worker left this scheduler waiting for ever (seen once, 2026-12-02).
+# A Ctrl-C stops all three, each tearing down its cluster.
 PYTEST_WORKERS ?= 4
-GO_LAYERS := kubelet_peer or realnode
 
-GO_RUN := $(BIN)/pytest -q -m "($(GO_LAYERS)) and not soak" $(PYTEST_ARGS)
-PARALLEL_RUN := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
-	--max-worker-restart=0 \
-	-m "not ($(GO_LAYERS)) and not soak" $(PYTEST_ARGS)
-
-# Both runs always run; make fails when either failed. The parallel run starts as soon as
-# the first run's Go builds are done (conftest touches RBLN_GO_BUILDS_DONE; its end counts
-# too) and runs beside the Go-built layers' tests, which mostly wait on the cluster; its
-# output is kept in a file and printed when it ends. A Ctrl-C stops both.
 pytest: $(STAMP) tools prometheus e2e-deps cdi-checker
-	@status=0; built=$$(mktemp -u /tmp/rbln-go-built.XXXXXX); out=$$(mktemp /tmp/rbln-parallel-run.XXXXXX); \
-	( while [ ! -e "$$built" ]; do sleep 1; done; \
-	  echo "make test: the parallel run has started beside the Go-built layers' tests; its output follows when it ends"; \
-	  $(PARALLEL_RUN) >"$$out" 2>&1; echo $$? >"$$out.rc" ) & parallel=$$!; \
-	trap 'pkill -TERM -P $$parallel; kill -TERM $$parallel; rm -f "$$built" "$$out" "$$out.rc"; exit 130' INT TERM; \
-	echo '$(GO_RUN)'; RBLN_GO_BUILDS_DONE="$$built" $(GO_RUN) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
-	touch "$$built"; wait $$parallel; echo '$(PARALLEL_RUN)'; cat "$$out"; \
-	rc=$$(cat "$$out.rc" 2>/dev/null || echo 1); [ "$$rc" -eq 0 ] || status=$$rc; \
-	rm -f "$$built" "$$out" "$$out.rc"; exit $$status
+	@$(BIN)/python -m tests.make_pytest --workers $(PYTEST_WORKERS) --pytest $(BIN)/pytest -- $(PYTEST_ARGS)
 
 # Said first, before anything installs: what `make test` costs (docs/testing.md).
 test: test-banner lint typecheck pytest

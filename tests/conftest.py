@@ -24,7 +24,7 @@ bytecode.cache_outside_the_tree()
 
 from rbln_device_plugin.host.hostio import HostIO  # noqa: E402
 
-from . import kubelet_peer  # noqa: E402
+from . import go_shares, kubelet_peer  # noqa: E402
 from .realnode.fixtures import prepare_session, realnode, realnode_plugin  # noqa: E402
 
 # The real-node cluster fixtures (tests/realnode/fixtures.py), for every test module.
@@ -148,7 +148,38 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--go-share",
+        metavar="K/N",
+        help="of the Go-built layers' test modules, run only the K-th of N shares "
+        "(tests/go_shares.py); the Go builds still cover every selected module",
+    )
+
+
+# Every selected test of the Go-built layers, before --go-share kept one share of them:
+# the builds are for all of them, so a share started after them finds everything built.
+GO_LAYER_ITEMS = pytest.StashKey[list[pytest.Item]]()
+
+
+def _in_go_layers(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("kubelet_peer") or item.get_closest_marker("realnode"))
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k deselected theirs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    share_option = config.getoption("go_share")
+    if share_option:
+        try:
+            share = go_shares.parse(share_option)
+        except go_shares.ShareError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.stash[GO_LAYER_ITEMS] = [item for item in items if _in_go_layers(item)]
+        kept = go_shares.keep((item.nodeid for item in config.stash[GO_LAYER_ITEMS]), share)
+        dropped = [item for item in items if _in_go_layers(item) and item.nodeid not in kept]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item in items if not _in_go_layers(item) or item.nodeid in kept]
     if hasattr(config, "workerinput"):
         # The longest first (a test with its own long timeout, such as the benchmark run of
         # minutes, then the other slow ones): a worker that picks one up last would run
@@ -173,10 +204,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Building here keeps a cold build (minutes: module download and compile) out of every
     test's timeout; later sessions reuse the cached binaries.
     """
-    go_layers = any(
-        item.get_closest_marker("kubelet_peer") or item.get_closest_marker("realnode")
-        for item in session.items
-    )
+    go_layers = any(_in_go_layers(item) for item in session.items)
     if not go_layers or not hasattr(session.config, "workerinput"):
         _prepare_go_layers(session)
         # make test starts its parallel run now: every Go binary it needs is cached.
@@ -193,11 +221,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def _prepare_go_layers(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    prepare_session(session, reporter.write_line if reporter is not None else print)
+    items = session.config.stash.get(GO_LAYER_ITEMS, session.items)
+    prepare_session(session, items, reporter.write_line if reporter is not None else print)
     wanted = sorted(
         {
             item.callspec.params["kube"]
-            for item in session.items
+            for item in items
             if item.get_closest_marker("kubelet_peer") and hasattr(item, "callspec")
         }
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +34,11 @@ def wants_legacy_runtime(marker: pytest.Mark | None) -> bool:
     return bool(marker is not None and marker.kwargs.get("legacy_runtime"))
 
 
-def prepare_session(session: pytest.Session, say: Callable[[str], None]) -> None:
-    markers = [m for item in session.items if (m := item.get_closest_marker("realnode"))]
+def prepare_session(
+    session: pytest.Session, items: Sequence[pytest.Item], say: Callable[[str], None]
+) -> None:
+    """Build (or find cached) what the real-node tests among ``items`` need."""
+    markers = [m for item in items if (m := item.get_closest_marker("realnode"))]
     if not markers:
         return
     reason = cluster.unavailable()
