@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc
 import pytest
 from structlog.testing import capture_logs
 
+from rbln_device_plugin.api import API_VERSION
+from rbln_device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from rbln_device_plugin.host.scan import ScanResult
 from rbln_device_plugin.kubelet.events import PluginRef, RegistrationEnded, StreamLost
 from rbln_device_plugin.kubelet.session import STREAM_LOSS_GRACE_S, Kubelet, KubeletSession
@@ -72,3 +75,36 @@ async def test_a_bug_in_one_event_is_said_and_the_session_goes_on(
     assert bug["log_level"] == "error"
     assert bug["sessionEvent"].startswith("RegistrationEnded(")
     assert bug["exc_info"] is True
+
+
+async def test_a_registration_connects_afresh_while_another_connection_to_the_kubelet_fails(
+    short_tmp: Path,
+) -> None:
+    """During a kubelet restart another client of kubelet.sock in the process (another
+    resource's attempt) can still hold a failing connection when the kubelet is back:
+    gRPC's shared subchannel would hand the plugins' registrations that failure
+    (UNAVAILABLE at once, the old "No such file or directory") although the kubelet
+    answers again."""
+    scanner = ScriptedScanner(two_devices)
+    async with managing(short_tmp, scanner) as (manager, kubelet):
+        await until(lambda: any(r.accepted for r in kubelet.registrations), "a registration")
+        await until(lambda: manager.plugins[RESOURCE_NPU].registered, "the registration")
+        await kubelet.stop()
+        failing = grpc.aio.insecure_channel(f"unix:{kubelet.socket_path}")
+        try:
+            for _ in range(3):  # several failures: the shared connection backs off
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await api_pb2_grpc.RegistrationStub(failing).Register(
+                        api_pb2.RegisterRequest(version=API_VERSION), timeout=1
+                    )
+            accepted = len([r for r in kubelet.registrations if r.accepted])
+            with capture_logs() as logs:
+                await kubelet.start()
+                await until(
+                    lambda: len([r for r in kubelet.registrations if r.accepted]) > accepted,
+                    "the registration with the kubelet back",
+                )
+        finally:
+            await failing.close()
+    failed = [e for e in logs if "registration failed" in e["event"]]
+    assert not failed, failed

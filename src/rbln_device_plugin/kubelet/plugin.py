@@ -26,6 +26,7 @@ from rbln_device_plugin.core.devicestate import DeviceState
 from rbln_device_plugin.host import paths, pluginsocket
 from rbln_device_plugin.host.hostio import Stalled
 from rbln_device_plugin.host.pluginsocket import SocketPathError
+from rbln_device_plugin.kubelet.channels import kubelet_channel
 from rbln_device_plugin.kubelet.events import (
     Events,
     PluginRef,
@@ -181,7 +182,7 @@ class ResourcePlugin:
         )
         self.servicer.expect_kubelet_stream(True)
         try:
-            async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
+            async with kubelet_channel(self.kubelet_socket) as channel:
                 stub = api_pb2_grpc.RegistrationStub(channel)
                 await stub.Register(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:

@@ -17,6 +17,7 @@ import grpc
 
 from rbln_device_plugin.api.podresources.v1 import api_pb2 as pr
 from rbln_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from rbln_device_plugin.kubelet.channels import kubelet_channel
 from rbln_device_plugin.model.holds import ClaimUse, ContainerUse, PodUse
 
 # One List on the node's own kubelet; a scan waits for it at most this long.
@@ -60,11 +61,7 @@ async def list_pods(socket: Path, wait_s: float = LIST_TIMEOUT_S) -> list[PodUse
     """``List`` on the kubelet's socket; raises PodResourcesError (gRPC's own words: a
     missing socket reads "UNAVAILABLE: ... No such file or directory")."""
     try:
-        # A subchannel of its own: gRPC's process-wide pool may hand a new channel the
-        # last attempt's failed connection (its backoff), which fails at once with the old
-        # error although the kubelet answers now (seen after the socket reappeared).
-        options = [("grpc.use_local_subchannel_pool", 1)]
-        async with grpc.aio.insecure_channel(f"unix:{socket}", options=options) as channel:
+        async with kubelet_channel(socket) as channel:
             stub = pr_grpc.PodResourcesListerStub(channel)
             response = await stub.List(pr.ListPodResourcesRequest(), timeout=wait_s)
     except grpc.aio.AioRpcError as exc:
