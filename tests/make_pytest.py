@@ -101,6 +101,8 @@ class Run:
         """This run's exit status when it counts as a failure, else 0."""
         if self.returncode is None:
             return 1
+        if self.returncode < 0:  # ended by a signal: the shell's way of saying so
+            return 128 - self.returncode
         if self.returncode == NOTHING_SELECTED and self.may_select_nothing:
             return 0
         return self.returncode

@@ -50,6 +50,8 @@ if os.environ.get("FAKE_HANG"):
     while not (logs / (name + ".sigint")).exists():
         time.sleep(0.05)
     print(name + ": torn down", flush=True)
+if os.environ.get("FAKE_KILLED_" + name.upper()):
+    os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(int(os.environ.get("FAKE_RC_" + name.upper(), "0")))
 """
 
@@ -108,6 +110,7 @@ def test_a_failed_build_still_runs_the_others_and_fails(tmp_path: Path) -> None:
         ({"FAKE_RC_SHARE2": "1"}, 1),
         ({"FAKE_RC_PARALLEL": "1"}, 1),
         ({"FAKE_RC_SHARE1": "1", "FAKE_RC_PARALLEL": "3"}, 1),  # the first failure's
+        ({"FAKE_KILLED_SHARE2": "1"}, 128 + signal.SIGKILL),  # as a shell says it
     ],
 )
 def test_the_exit_status_is_the_first_failures(
