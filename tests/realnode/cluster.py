@@ -800,8 +800,12 @@ class Cluster:
 
     def memory(self) -> dict[str, float]:
         """Resident MiB of every process in the node, by program name: those in its PID
-        namespace and those below them (containers have namespaces of their own)."""
-        node_ns = os.readlink(f"/proc/{self.node.init_pid}/ns/pid")
+        namespace and those below them (containers have namespaces of their own). Nothing
+        once the node is gone (a Ctrl-C reaches its processes too)."""
+        try:
+            node_ns = os.readlink(f"/proc/{self.node.init_pid}/ns/pid")
+        except FileNotFoundError:
+            return {}
         procs: dict[int, tuple[int, str, int, bool]] = {}  # pid -> ppid, name, KiB, in ns
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
