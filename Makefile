@@ -73,7 +73,7 @@ test-banner:
 	@echo "make test: ruff, mypy --strict and the whole pytest suite: the Go-built layers (the"
 	@echo "  kubelet peers, the real clusters) in two shares side by side, and once their Go builds"
 	@echo "  are done the rest beside them on $(PYTEST_WORKERS) pytest-xdist workers (output as each ends)."
-	@echo "  With every Go build cached: about 7 minutes on 2 cores. From empty caches: 18-19"
+	@echo "  With every Go build cached: 7-8 minutes on 2 cores. From empty caches: 18-19"
 	@echo "  minutes on 2 cores (up to about 23 when the machine is busy): it fetches about 380 MB"
 	@echo "  from PyPI into .venv, helm and kubectl from npm, 1.3 GB of Go modules and a Debian"
 	@echo "  bookworm base for the plugin's image, and builds Kubernetes 1.37.2 (kubelet, API"
