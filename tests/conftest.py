@@ -163,7 +163,7 @@ GO_LAYER_ITEMS = pytest.StashKey[list[pytest.Item]]()
 
 
 def _in_go_layers(item: pytest.Item) -> bool:
-    return bool(item.get_closest_marker("kubelet_peer") or item.get_closest_marker("realnode"))
+    return any(item.get_closest_marker(marker) for marker in go_shares.GO_LAYER_MARKERS)
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k deselected theirs
@@ -174,12 +174,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             share = go_shares.parse(share_option)
         except go_shares.ShareError as exc:
             raise pytest.UsageError(str(exc)) from None
-        config.stash[GO_LAYER_ITEMS] = [item for item in items if _in_go_layers(item)]
-        kept = go_shares.keep((item.nodeid for item in config.stash[GO_LAYER_ITEMS]), share)
-        dropped = [item for item in items if _in_go_layers(item) and item.nodeid not in kept]
+        go_items = config.stash[GO_LAYER_ITEMS] = [i for i in items if _in_go_layers(i)]
+        kept = go_shares.keep((item.nodeid for item in go_items), share)
+        dropped = {item.nodeid: item for item in go_items if item.nodeid not in kept}
         if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = [item for item in items if not _in_go_layers(item) or item.nodeid in kept]
+            config.hook.pytest_deselected(items=list(dropped.values()))
+            items[:] = [item for item in items if item.nodeid not in dropped]
     if hasattr(config, "workerinput"):
         # The longest first (a test with its own long timeout, such as the benchmark run of
         # minutes, then the other slow ones): a worker that picks one up last would run

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# The markers of the Go-built layers' tests (tests/conftest.py; make test's runs select by them).
+GO_LAYER_MARKERS = ("kubelet_peer", "realnode")
+
 # Seconds of setup, calls and teardown per module, one process alone on the 2-core machine.
 MODULE_SECONDS = {
     "test_realnode_dra.py": 94,

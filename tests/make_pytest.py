@@ -33,7 +33,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-GO_LAYERS = "kubelet_peer or realnode"
+from .go_shares import GO_LAYER_MARKERS
+
+GO_LAYERS = " or ".join(GO_LAYER_MARKERS)
 NOTHING_SELECTED = 5
 STOP_GRACE_S = 120.0
 POLL_S = 0.5
@@ -68,7 +70,6 @@ class Run:
     may_select_nothing: bool
     output: IO[bytes] | None = None  # None: on the terminal
     process: subprocess.Popen[bytes] | None = None
-    returncode: int | None = None
     shown: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -88,24 +89,23 @@ class Run:
 
     def poll(self) -> bool:
         """True once the run has ended."""
-        if self.process is not None and self.returncode is None:
-            self.returncode = self.process.poll()
-        return self.returncode is not None
+        return self.process is not None and self.process.poll() is not None
 
     def interrupt(self, sig: int) -> None:
-        if self.process is not None and self.returncode is None:
+        if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, sig)
 
     def failed(self) -> int:
         """This run's exit status when it counts as a failure, else 0."""
-        if self.returncode is None:
+        code = self.process.poll() if self.process is not None else None
+        if code is None:
             return 1
-        if self.returncode < 0:  # ended by a signal: the shell's way of saying so
-            return 128 - self.returncode
-        if self.returncode == NOTHING_SELECTED and self.may_select_nothing:
+        if code < 0:  # ended by a signal: the shell's way of saying so
+            return 128 - code
+        if code == NOTHING_SELECTED and self.may_select_nothing:
             return 0
-        return self.returncode
+        return code
 
     def show(self) -> None:
         """The output of a run kept in a file, once it has ended."""
@@ -138,7 +138,7 @@ def run_all(runs: list[Run], built: Path, env: dict[str, str], stop: Stop) -> in
     background_started = False
     deadline = float("inf")
     while True:
-        for _ in range(len(stop.pending)):
+        while stop.pending:
             stop.pending.pop()
             deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
             for run in runs:
