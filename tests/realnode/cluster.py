@@ -772,13 +772,14 @@ class Cluster:
         }
 
     def serving_plugins(self) -> list[int]:
-        """PIDs of plugin processes that own a listening socket in the kubelet's
-        device-plugin directory: the instances serving this node right now."""
+        """PIDs of this node's plugin processes that own a listening socket in the kubelet's
+        device-plugin directory: the instances serving this node right now. Only this
+        node's: another cluster's plugin (make test runs two side by side) listens on the
+        same path in its own mount namespace."""
         prefix = "/var/lib/kubelet/device-plugins/rbln-device-plugin-"
         serving = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        for pid in self.processes_in_node():
+            entry = Path(f"/proc/{pid}")
             try:
                 if b"rbln-device-plugin" not in (entry / "cmdline").read_bytes():
                     continue
@@ -795,13 +796,13 @@ class Cluster:
             except OSError:  # exited meanwhile
                 continue
             if {f"socket:[{inode}]" for inode in listening} & fds:
-                serving.append(int(entry.name))
+                serving.append(pid)
         return sorted(serving)
 
-    def memory(self) -> dict[str, float]:
-        """Resident MiB of every process in the node, by program name: those in its PID
-        namespace and those below them (containers have namespaces of their own). Nothing
-        once the node is gone (a Ctrl-C reaches its processes too)."""
+    def processes_in_node(self) -> dict[int, tuple[str, int]]:
+        """Every process of the node but its init, as PID: (program name, resident KiB):
+        those in its PID namespace and those below them (containers have namespaces of
+        their own). Nothing once the node is gone (a Ctrl-C reaches its processes too)."""
         try:
             node_ns = os.readlink(f"/proc/{self.node.init_pid}/ns/pid")
         except FileNotFoundError:
@@ -830,10 +831,17 @@ class Cluster:
                 pid = found[0]
             return False
 
+        return {
+            pid: (name, rss)
+            for pid, (_, name, rss, _) in procs.items()
+            if pid != self.node.init_pid and in_node(pid)
+        }
+
+    def memory(self) -> dict[str, float]:
+        """Resident MiB of every process in the node (``processes_in_node``), by name."""
         by_name: dict[str, float] = {}
-        for pid, (_, name, rss, _) in procs.items():
-            if pid != self.node.init_pid and in_node(pid):
-                by_name[name] = by_name.get(name, 0.0) + rss / 1024
+        for name, rss in self.processes_in_node().values():
+            by_name[name] = by_name.get(name, 0.0) + rss / 1024
         return dict(sorted(by_name.items(), key=lambda kv: -kv[1]))
 
     def note_memory(self) -> None:
